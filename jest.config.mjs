@@ -1,0 +1,37 @@
+// Jest in native ESM mode (Nest 12 is ESM-only), TypeScript transformed by @swc/jest.
+// NEST_MAJOR=11 sends every @nestjs/* import (and ioredis) to compat/nest11, so the same suite runs
+// on Nest 11 + ioredis 5 as well as on Nest 12 + ioredis 6.
+import { swcOptions } from './scripts/compile-ts.mjs';
+
+const legacy = process.env.NEST_MAJOR === '11';
+const compat = '<rootDir>/compat/nest11/node_modules';
+
+/** @type {import('jest').Config} */
+export default {
+  rootDir: '.',
+  testEnvironment: 'node',
+  roots: ['<rootDir>/test'],
+  testMatch: ['**/*.spec.ts'],
+  // The fault and packaging suites have their own commands (npm run test:faults, test:packaging).
+  testPathIgnorePatterns: ['\\.faults\\.spec\\.ts$', '\\.packaging\\.spec\\.ts$', '/test/packaging/apps/'],
+  extensionsToTreatAsEsm: ['.ts'],
+  transform: {
+    '^.+\\.ts$': ['@swc/jest', swcOptions],
+  },
+  moduleNameMapper: {
+    ...(legacy
+      ? {
+          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io)$': `${compat}/@nestjs/$1`,
+          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io)/(.*)$': `${compat}/@nestjs/$1/$2`,
+          '^ioredis$': `${compat}/ioredis`,
+          '^ioredis/(.*)$': `${compat}/ioredis/$1`,
+        }
+      : {}),
+    '^(\\.{1,2}/.*)\\.js$': '$1',
+  },
+  globalSetup: '<rootDir>/test/support/global-setup.mjs',
+  setupFilesAfterEnv: ['<rootDir>/test/support/jest.setup.ts'],
+  testTimeout: 60_000,
+  // Real Redis servers and child processes per file: two files at a time fit two cores.
+  maxWorkers: 2,
+};

@@ -1,0 +1,9 @@
+// `npm run bench`: compiles lib, bench and the test harness with swc, then runs bench/run.ts.
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { compile, root } from './compile-ts.mjs';
+
+const out = join(root, '.bench-build');
+compile(out, ['lib', 'bench', 'test/support']);
+const result = spawnSync(process.execPath, ['--expose-gc', join(out, 'bench', 'run.js')], { cwd: root, stdio: 'inherit' });
+process.exit(result.status ?? 1);
