@@ -1,0 +1,131 @@
+import { isObservable, Observable, type Subscription } from 'rxjs';
+import { LockNotAcquiredError } from '../errors/lock-not-acquired.error.js';
+import type { LockGroup } from '../lock-group.js';
+import type { LockHandle } from '../lock-handle.js';
+import type { LockedOptions } from '../lock-options.js';
+import type { LockService } from '../lock.service.js';
+
+/** What `@Locked` recorded about one method, once, when its class was defined. */
+export interface LockedSpec {
+  /** `Class.method`, for messages. */
+  readonly where: string;
+  /** The template or key function, as written (for messages and the interceptor). */
+  readonly source: string;
+  /** Builds the key (or the keys of a multi-key lock) from the arguments the method receives (after pipes). */
+  readonly keyOf: (args: readonly unknown[]) => string | string[];
+  readonly options: LockedOptions;
+  /** The method declares that it returns an Observable: the lock is taken when it is subscribed. */
+  readonly observable: boolean;
+}
+
+/**
+ * The one lock pipeline of decorated methods, used on every call path (controllers, microservice
+ * and WebSocket handlers, scheduled jobs, direct calls): build the key from the real arguments,
+ * apply the contention policy, run the method inside the lock's context (so nested locked calls
+ * re-enter), hold the lock for the whole call (until a Promise settles, or an Observable completes,
+ * errors or is unsubscribed), and give it back (after `minHoldMs` at the earliest).
+ *
+ * `LockInterceptor` adds the transport side for controller handlers (HTTP status, Retry-After,
+ * RPC and WebSocket errors); it never takes or releases locks itself.
+ */
+export function invokeLocked(
+  locks: LockService,
+  spec: LockedSpec,
+  self: unknown,
+  args: unknown[],
+  method: (...args: unknown[]) => unknown,
+): unknown {
+  if (spec.observable) return lockedObservable(locks, spec, () => method.apply(self, args), args);
+  return lockedPromise(locks, spec, () => method.apply(self, args), args);
+}
+
+async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => unknown, args: unknown[]): Promise<unknown> {
+  const handle = await enter(locks, spec, args);
+  if (!handle) return undefined;
+  let result: unknown;
+  try {
+    result = handle.run(call);
+  } catch (error) {
+    await leave(locks, spec, handle);
+    throw error;
+  }
+  // An Observable from a method that did not declare it: hold the lock until it finishes.
+  if (isObservable(result)) return holdWhileSubscribed(result, () => leave(locks, spec, handle));
+  try {
+    return await result;
+  } finally {
+    await leave(locks, spec, handle);
+  }
+}
+
+/** Takes the lock when subscribed; releases it on complete, error or unsubscribe (a client that goes away). */
+function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unknown, args: unknown[]): Observable<unknown> {
+  return new Observable<unknown>((subscriber) => {
+    let inner: Subscription | undefined;
+    let finished = false;
+    let handle: Held | undefined;
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      inner?.unsubscribe();
+      if (handle) void leave(locks, spec, handle);
+    };
+    enter(locks, spec, args).then(
+      (taken) => {
+        if (!taken) return subscriber.complete(); // skipped: nothing to emit
+        handle = taken;
+        if (finished) return void leave(locks, spec, taken); // unsubscribed while waiting
+        let source: unknown;
+        try {
+          source = taken.run(call);
+        } catch (error) {
+          return subscriber.error(error);
+        }
+        const stream = isObservable(source) ? source : new Observable((s) => void Promise.resolve(source).then((v) => (s.next(v), s.complete()), (e: unknown) => s.error(e)));
+        inner = taken.run(() => stream.subscribe(subscriber));
+      },
+      (error: unknown) => subscriber.error(error),
+    );
+    return finish;
+  });
+}
+
+function holdWhileSubscribed(source: Observable<unknown>, release: () => Promise<void>): Observable<unknown> {
+  let released = false;
+  const once = () => {
+    if (!released) {
+      released = true;
+      void release();
+    }
+  };
+  return new Observable((subscriber) => {
+    const inner = source.subscribe(subscriber);
+    return () => {
+      inner.unsubscribe();
+      once();
+    };
+  });
+}
+
+/** One lock, or the group of a multi-key lock. */
+type Held = LockHandle | LockGroup;
+
+/** Takes the lock per the contention policy; `undefined` when the call is skipped. */
+async function enter(locks: LockService, spec: LockedSpec, args: readonly unknown[]): Promise<Held | undefined> {
+  const key = spec.keyOf(args);
+  const plan = locks.lockedPlan(spec);
+  if (plan.policy !== 'skip') return locks.acquireResolved(key, plan.acquire, spec.where);
+  try {
+    return await locks.acquireResolved(key, plan.acquire, spec.where);
+  } catch (error) {
+    if (!(error instanceof LockNotAcquiredError)) throw error;
+    locks.noteSkipped(error.key, spec.where);
+    return undefined;
+  }
+}
+
+/** Gives one hold back, keeping the lock until `minHoldMs` after it was taken; never throws. */
+async function leave(locks: LockService, spec: LockedSpec, handle: Held): Promise<void> {
+  const { minHoldMs } = locks.lockedPlan(spec);
+  await locks.releaseQuietly(handle, minHoldMs);
+}

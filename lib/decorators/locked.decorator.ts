@@ -1,0 +1,127 @@
+import { Inject, UseInterceptors } from '@nestjs/common';
+import { Observable } from 'rxjs';
+import { LockConfigurationError } from '../errors/lock-configuration.error.js';
+import { assertLockKey, canonicalKeys } from '../lock-key.js';
+import { validateLockedOptions, type LockedOptions } from '../lock-options.js';
+import { LockInterceptor } from '../lock.interceptor.js';
+import { LockService } from '../lock.service.js';
+import { LOCKED_METADATA } from '../lock.constants.js';
+import { LockKeyTemplate } from './lock-key.template.js';
+import { invokeLocked, type LockedSpec } from './lock-pipeline.js';
+
+/** Where `@Locked` puts the injected LockService on instances. */
+const LOCK_SERVICE = Symbol('nestjs-locked:lock-service');
+/** Classes whose LockService property is already declared for injection. */
+const injected = new WeakSet<object>();
+
+/**
+ * A key template, several of them (a multi-key lock), or a function of the method's arguments
+ * that returns a key or several.
+ */
+export type LockedKey = string | readonly string[] | ((...args: any[]) => string | readonly string[]);
+
+/**
+ * Runs the method under a reentrant Redis lock whose key is built from the arguments it receives
+ * (after pipes). Works on controller handlers (HTTP on Express or Fastify, microservice and
+ * WebSocket handlers), `@Cron`/`@Interval`/`@Timeout` jobs and plain provider methods, above or
+ * below their other decorators. The class must be a Nest provider or controller in a module that
+ * can inject `LockService`.
+ *
+ * Templates: `<n>` is the n-th argument, `<n.a.b>` a property path of it; text outside is literal.
+ * Values are percent-encoded for `%`, `:`, `{`, `}` (see the README).
+ *
+ * @example
+ * @Post(':id/withdraw')
+ * @Locked('account:<0>')
+ * withdraw(@Param('id', ParseIntPipe) id: number, @Body() body: WithdrawDto) {}
+ *
+ * @example
+ * @Cron(CronExpression.EVERY_MINUTE)
+ * @Locked('jobs:cleanup', { onContention: 'skip', minHoldMs: 10_000 })
+ * async cleanup() {}
+ */
+export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator {
+  return (target, propertyKey, descriptor) => {
+    const isStatic = typeof target === 'function';
+    const className = (isStatic ? (target as { name: string }).name : target.constructor?.name) ?? 'anonymous class';
+    const where = `@Locked on ${className}.${String(propertyKey)}`;
+    const method = descriptor.value;
+    if (typeof method !== 'function') {
+      throw new LockConfigurationError('@Locked', `${where}: @Locked goes on methods, not on accessors or fields.`);
+    }
+    if (isStatic) {
+      throw new LockConfigurationError('@Locked', `${where}: @Locked needs an instance method of a Nest provider or controller, not a static method.`);
+    }
+    const spec = buildSpec(key, options, where, target, propertyKey);
+
+    const lockedMethod = function (this: Record<symbol, LockService | undefined>, ...args: unknown[]) {
+      const locks = this?.[LOCK_SERVICE];
+      if (!locks) {
+        const error = new LockConfigurationError(
+          '@Locked',
+          `${where}: no LockService on this instance. The class must be created by Nest (a provider or controller) in a module that imports LockModule, or LockModule must be global.`,
+        );
+        if (spec.observable) return new Observable((s) => s.error(error));
+        return Promise.reject(error);
+      }
+      return invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
+    };
+    // Whatever other decorators recorded on the method (route, @Cron, @MessagePattern, guards...)
+    // stays visible on the wrapper, so @Locked may sit above or below them.
+    for (const metadataKey of Reflect.getOwnMetadataKeys(method)) {
+      Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, method), lockedMethod);
+    }
+    Object.defineProperty(lockedMethod, 'name', { value: method.name });
+    Reflect.defineMetadata(LOCKED_METADATA, spec, lockedMethod);
+    descriptor.value = lockedMethod as never;
+
+    if (!injected.has(target)) {
+      injected.add(target);
+      Inject(LockService)(target, LOCK_SERVICE);
+    }
+    UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
+    return descriptor;
+  };
+}
+
+function buildSpec(
+  key: LockedKey,
+  options: LockedOptions | undefined,
+  where: string,
+  target: object,
+  propertyKey: string | symbol,
+): LockedSpec {
+  const validated = validateLockedOptions(options, where);
+  const returnType: unknown = Reflect.getMetadata('design:returntype', target, propertyKey);
+  const observable = returnType === Observable || (typeof returnType === 'function' && returnType.name === 'Observable');
+  if (typeof key === 'function') {
+    const keyFunction = key as (...args: unknown[]) => unknown;
+    return {
+      where,
+      source: keyFunction.name ? `${keyFunction.name}()` : 'a key function',
+      options: validated,
+      observable,
+      keyOf: (args) => {
+        const value = keyFunction(...args);
+        if (Array.isArray(value)) return canonicalKeys(value, `${where} (key function)`);
+        assertLockKey(value, `${where} (key function)`);
+        return value;
+      },
+    };
+  }
+  const paramTypes: unknown = Reflect.getMetadata('design:paramtypes', target, propertyKey);
+  const declared = Array.isArray(paramTypes) ? paramTypes.length : undefined;
+  if (Array.isArray(key)) {
+    if (key.length === 0) throw new LockConfigurationError('template', `${where}: an array of key templates needs at least one template.`);
+    const templates = key.map((k: string) => LockKeyTemplate.parse(k, where, declared));
+    return {
+      where,
+      source: key.join(', '),
+      options: validated,
+      observable,
+      keyOf: (args) => canonicalKeys(templates.map((t) => t.resolve(args)), where),
+    };
+  }
+  const template = LockKeyTemplate.parse(key as string, where, declared);
+  return { where, source: template.source, options: validated, observable, keyOf: (args) => template.resolve(args) };
+}

@@ -1,0 +1,51 @@
+import { now } from './internal/time.js';
+import type { LockMode } from './store/lock-store.js';
+
+/**
+ * What this LockService knows about one lock it holds for one owner: shared by every handle of that
+ * owner on that key (re-entries included). Internal.
+ */
+export class HeldLock {
+  /** Handles of this service not yet released. The lock is given back when it reaches 0. */
+  holds = 1;
+  /** Set once the lock is known to be lost; it is then forgotten and never renewed again. */
+  lost = false;
+  /** A renewal of this lock is in flight. */
+  renewing = false;
+  /** Monotonic time after which Redis may already have dropped the lock. */
+  deadline = 0;
+  /** Monotonic time at which the watchdog should renew it. */
+  renewAt = Infinity;
+  readonly controller = new AbortController();
+  readonly acquiredAt = now();
+
+  constructor(
+    readonly key: string,
+    readonly owner: string,
+    public leaseMs: number,
+    readonly watchdog: boolean,
+    readonly fencingToken: number,
+    leaseStart: number,
+    readonly mode: LockMode = 'exclusive',
+  ) {
+    this.setLease(leaseStart, leaseMs);
+  }
+
+  /** A lease of `leaseMs` was set in Redis by a command sent at monotonic time `start`. */
+  setLease(start: number, leaseMs: number): void {
+    this.leaseMs = leaseMs;
+    this.deadline = start + leaseMs;
+    this.renewAt = this.watchdog ? start + leaseMs / 3 : Infinity;
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  get heldMs(): number {
+    return now() - this.acquiredAt;
+  }
+}
+
+/** The map key of a held lock: one record per (owner, key, mode). */
+export const heldLockId = (owner: string, key: string, mode: LockMode = 'exclusive'): string => `${owner}\u0000${key}\u0000${mode}`;

@@ -1,0 +1,29 @@
+import { performance } from 'node:perf_hooks';
+
+/** Monotonic milliseconds for local deadlines; never compared across processes. */
+export const now = (): number => performance.now();
+
+/**
+ * Settles like `promise`, or rejects with `onTimeout()` after `ms`. The timer never keeps the
+ * process alive, and the original promise's late rejection is swallowed (the caller has moved on).
+ */
+export function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
+  if (!Number.isFinite(ms)) return promise;
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      promise.catch(() => undefined);
+      reject(onTimeout());
+    }, Math.max(0, ms));
+    timer.unref();
+    promise.then(
+      (value) => {
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (error: unknown) => {
+        clearTimeout(timer);
+        reject(error);
+      },
+    );
+  });
+}

@@ -1,0 +1,82 @@
+import type { LockContext } from './lock-context.js';
+import type { LockHandle } from './lock-handle.js';
+
+/**
+ * Several locks held together, as `acquire([...keys])` and `run([...keys], fn)` return them: all
+ * or nothing, taken in one canonical order (sorted), so two groups over the same keys never
+ * deadlock whatever order their callers list them in.
+ *
+ * @example
+ * await locks.run([`account:${from}`, `account:${to}`], async (group) => {
+ *   group.signal.throwIfAborted(); // aborts when any of the locks is lost
+ *   await transfer(from, to, amount);
+ * });
+ */
+export class LockGroup {
+  /** Aborts as soon as any lock of the group is lost, with that lock's `LockLostError`. */
+  readonly signal: AbortSignal;
+
+  /** @internal */
+  constructor(
+    /** One handle per key, in canonical (sorted) order. */
+    readonly handles: readonly LockHandle[],
+    /** @internal */ readonly context: LockContext,
+    private readonly runIn: <T>(context: LockContext, fn: () => T) => T,
+  ) {
+    this.signal = AbortSignal.any(handles.map((h) => h.signal));
+  }
+
+  /** The keys, in canonical (sorted) order. */
+  get keys(): string[] {
+    return this.handles.map((h) => h.key);
+  }
+
+  get owner(): string {
+    return this.context.owner;
+  }
+
+  /** The fencing token of each key. */
+  get fencingTokens(): Record<string, number> {
+    return Object.fromEntries(this.handles.map((h) => [h.key, h.fencingToken]));
+  }
+
+  /** True while every lock of the group is held. */
+  get isHeld(): boolean {
+    return this.handles.every((h) => h.isHeld);
+  }
+
+  /** The handle of one key of the group. */
+  handle(key: string): LockHandle | undefined {
+    return this.handles.find((h) => h.key === key);
+  }
+
+  /**
+   * Releases every lock of the group (in reverse order). Every release is tried; the first
+   * failure is thrown afterwards.
+   */
+  async release(): Promise<void> {
+    let failure: unknown;
+    for (const handle of [...this.handles].reverse()) {
+      try {
+        await handle.release();
+      } catch (error) {
+        failure ??= error;
+      }
+    }
+    if (failure !== undefined) throw failure;
+  }
+
+  /** Sets the remaining lease of every lock of the group to `leaseMs`. */
+  async extend(leaseMs: number): Promise<void> {
+    await Promise.all(this.handles.map((h) => h.extend(leaseMs)));
+  }
+
+  /** Runs `fn` in the group's owner context: locks taken inside re-enter these. */
+  run<T>(fn: () => T): T {
+    return this.runIn({ owner: this.context.owner, handle: this.handles[0], group: this, parent: this.context }, fn);
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.release();
+  }
+}

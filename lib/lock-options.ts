@@ -1,0 +1,416 @@
+import type { Redis, RedisOptions } from 'ioredis';
+import { LockConfigurationError } from './errors/lock-configuration.error.js';
+import type { LockMode } from './store/lock-store.js';
+
+/** The longest delay a Node timer can express (about 24.8 days). Durations are capped to it. */
+export const MAX_DURATION_MS = 2_147_483_647;
+/** The shortest lease accepted. Shorter leases cannot be renewed reliably over a network. */
+export const MIN_LEASE_MS = 100;
+
+/**
+ * Options of `LockModule.forRoot()`. Every field is optional.
+ *
+ * @example
+ * LockModule.forRoot({ redis: 'redis://127.0.0.1:6379', keyPrefix: 'orders:lock:', waitMs: 2_000 })
+ */
+export interface LockModuleOptions {
+  /**
+   * Where Redis is: a `redis://` / `rediss://` URL, ioredis `RedisOptions`, or an ioredis client you
+   * created. A client you pass in is never closed by nestjs-locked; one it creates is closed on
+   * shutdown. Default: `redis://127.0.0.1:6379`.
+   */
+  redis?: string | RedisOptions | Redis;
+  /**
+   * Where the locks live: `'redis'` (default), or `'memory'`, an in-process store with the same
+   * semantics for tests and single-process apps. A memory store protects nothing across
+   * processes; `redis` is ignored with it. `LockTestingModule.forRoot()` chooses it for you.
+   */
+  store?: 'redis' | 'memory';
+  /** Prefix of every Redis key the module writes. Default `lock:`. Must not contain `{` or `}`. */
+  keyPrefix?: string;
+  /**
+   * Lease of a lock in milliseconds: how long Redis keeps it if its holder stops renewing it (the
+   * process died, the network broke). Default 30 000. Renewed every third of it while held, unless
+   * `watchdog` is false.
+   */
+  leaseMs?: number;
+  /** Renew held locks while they are held. Default `true`. */
+  watchdog?: boolean;
+  /** How long `acquire()` and `run()` wait for a held lock before failing, in ms. Default 10 000. `Infinity` waits for ever. */
+  waitMs?: number;
+  /**
+   * At bootstrap, wait this long (ms) for Redis to answer and load the lock scripts, and fail
+   * start-up if it does not. `0` skips the check. Default 10 000.
+   */
+  connectTimeoutMs?: number;
+  /** What a `@Locked` method does when another owner holds its lock. Default `'wait'`. */
+  onContention?: ContentionPolicy;
+  /** Default `minHoldMs` of `@Locked` methods. Default 0. */
+  minHoldMs?: number;
+  /** The HTTP status of a `@Locked` controller handler that could not get its lock: 409 (default) or 423. */
+  contendedHttpStatus?: 409 | 423;
+  /**
+   * Fair mode: how long a waiter keeps its place in the queue without a new attempt (waiters retry
+   * every half of it while they wait). A waiter that crashed stalls the queue at most this long.
+   * Default 5 000.
+   */
+  fairQueueTimeoutMs?: number;
+}
+
+/**
+ * What a `@Locked` method does when another owner holds its lock:
+ * - `'wait'`: wait up to `waitMs`, then fail with `LockNotAcquiredError` (HTTP 409 in controllers);
+ * - `'fail'`: fail at once with `LockNotAcquiredError`;
+ * - `'skip'`: do not run the method, resolve to `undefined` (for scheduled jobs: another instance runs this tick).
+ */
+export type ContentionPolicy = 'wait' | 'fail' | 'skip';
+
+/**
+ * Options of `@Locked(template, options)`. Unset fields take the module's values.
+ *
+ * @example
+ * @Cron('0 * * * * *')
+ * @Locked('report:hourly', { onContention: 'skip', minHoldMs: 5_000 })
+ * async hourlyReport() {}
+ */
+export interface LockedOptions {
+  /** How long to wait for the lock when `onContention` is `'wait'`, in ms. */
+  waitMs?: number;
+  /** A fixed lease in ms (turns the watchdog off unless `watchdog: true`). */
+  leaseMs?: number;
+  /** Renew the lock while the method runs. */
+  watchdog?: boolean;
+  /** What to do when another owner holds the lock. Default: the module's `onContention` (`'wait'`). */
+  onContention?: ContentionPolicy;
+  /** First come, first served across processes (see `LockOptions.fair`). */
+  fair?: boolean;
+  /** A side of a read-write lock (see `LockOptions.mode`). */
+  mode?: 'read' | 'write';
+  /**
+   * Keep the lock at least this long after it was taken, even if the method finished sooner (as
+   * ShedLock's lockAtLeastFor): an instance whose trigger fires a little later then skips the same
+   * tick instead of running it again. The rest of the time is left as a fixed lease in Redis.
+   */
+  minHoldMs?: number;
+}
+
+/**
+ * Options of one `acquire()`, `tryAcquire()` or `run()` call. Unset fields take the module's values.
+ */
+export interface LockOptions {
+  /** How long to wait for a held lock, in ms. `0` makes one attempt. `Infinity` waits for ever. */
+  waitMs?: number;
+  /**
+   * A fixed lease in ms. Giving `leaseMs` here turns the watchdog off for this lock (as in
+   * Redisson): the lock ends after `leaseMs` unless released or extended earlier. Add
+   * `watchdog: true` to keep renewing with this lease instead.
+   */
+  leaseMs?: number;
+  /** Renew this lock while it is held. Default: the module's `watchdog`, or `false` when `leaseMs` is given. */
+  watchdog?: boolean;
+  /**
+   * An explicit owner token instead of the current execution context. Two calls with the same
+   * token, in one process or several, are the same owner and re-enter each other's lock. Use it to
+   * hand a lock from one process to another.
+   */
+  owner?: string;
+  /** Stop waiting when this signal aborts; the acquisition then rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /**
+   * First come, first served across processes: waiters queue in Redis in the order of their first
+   * attempt, and a release wakes only the head of the queue. Use it for every acquisition of a key,
+   * or for none: a non-fair acquisition does not look at the queue.
+   */
+  fair?: boolean;
+  /**
+   * A side of a read-write lock: many readers or one writer per key. Without it the lock is a plain
+   * exclusive lock (which excludes readers and writers alike).
+   */
+  mode?: 'read' | 'write';
+}
+
+/** Module options after defaults and validation. */
+export interface ResolvedModuleOptions {
+  store: 'redis' | 'memory';
+  redis: string | RedisOptions | Redis;
+  keyPrefix: string;
+  leaseMs: number;
+  watchdog: boolean;
+  waitMs: number;
+  connectTimeoutMs: number;
+  onContention: ContentionPolicy;
+  minHoldMs: number;
+  contendedHttpStatus: 409 | 423;
+  fairQueueTimeoutMs: number;
+}
+
+/** Per-call options after defaults and validation. */
+export interface ResolvedLockOptions {
+  waitMs: number;
+  leaseMs: number;
+  watchdog: boolean;
+  owner: string | undefined;
+  signal: AbortSignal | undefined;
+  fair: boolean;
+  mode: LockMode;
+}
+
+const MODULE_OPTION_NAMES = [
+  'store',
+  'redis',
+  'keyPrefix',
+  'leaseMs',
+  'watchdog',
+  'waitMs',
+  'connectTimeoutMs',
+  'onContention',
+  'minHoldMs',
+  'contendedHttpStatus',
+  'fairQueueTimeoutMs',
+] as const;
+const LOCKED_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'onContention', 'minHoldMs', 'fair', 'mode'] as const;
+const CONTENTION_POLICIES: readonly ContentionPolicy[] = ['wait', 'fail', 'skip'];
+const LOCK_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'owner', 'signal', 'fair', 'mode'] as const;
+const MAX_OWNER_LENGTH = 256;
+const MAX_PREFIX_LENGTH = 256;
+
+/** Validates `LockModule.forRoot()` options and fills in defaults. Throws `LockConfigurationError`. */
+export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
+  const where = 'LockModule options';
+  if (options === undefined || options === null) options = {};
+  if (typeof options !== 'object' || Array.isArray(options)) {
+    throw new LockConfigurationError('options', `${where} must be an object; got ${describe(options)}.`);
+  }
+  const o = options as Record<string, unknown>;
+  rejectUnknown(o, MODULE_OPTION_NAMES, where);
+  return {
+    store: storeOption(o.store, where),
+    redis: redisOption(o.redis),
+    keyPrefix: keyPrefixOption(o.keyPrefix),
+    leaseMs: duration(o.leaseMs, 'leaseMs', where, { min: MIN_LEASE_MS, fallback: 30_000 }),
+    watchdog: bool(o.watchdog, 'watchdog', where, true),
+    waitMs: duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 10_000, infinity: true }),
+    connectTimeoutMs: duration(o.connectTimeoutMs, 'connectTimeoutMs', where, { min: 0, fallback: 10_000 }),
+    onContention: contentionOption(o.onContention, where, 'wait'),
+    minHoldMs: duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 }),
+    contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),
+    fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: 5_000 }),
+  };
+}
+
+/**
+ * Checks `@Locked` options when the class is defined (before any module exists): types, ranges,
+ * unknown names. The module's defaults are applied later, per LockService.
+ */
+export function validateLockedOptions(options: unknown, where: string): LockedOptions {
+  if (options === undefined) return {};
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    throw new LockConfigurationError('options', `${where}: options must be an object; got ${describe(options)}.`);
+  }
+  const o = options as Record<string, unknown>;
+  rejectUnknown(o, LOCKED_OPTION_NAMES, where);
+  duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 0, infinity: true });
+  duration(o.leaseMs, 'leaseMs', where, { min: MIN_LEASE_MS, fallback: 0 });
+  bool(o.watchdog, 'watchdog', where, true);
+  contentionOption(o.onContention, where, 'wait');
+  duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 });
+  bool(o.fair, 'fair', where, false);
+  modeOption(o.mode, where);
+  return o as LockedOptions;
+}
+
+function storeOption(value: unknown, where: string): 'redis' | 'memory' {
+  if (value === undefined) return 'redis';
+  if (value === 'redis' || value === 'memory') return value;
+  throw new LockConfigurationError('store', `${where}: store must be 'redis' or 'memory'; got ${describe(value)}.`);
+}
+
+function modeOption(value: unknown, where: string): LockMode {
+  if (value === undefined) return 'exclusive';
+  if (value === 'read' || value === 'write') return value;
+  throw new LockConfigurationError('mode', `${where}: mode must be 'read' or 'write' (or left out for an exclusive lock); got ${describe(value)}.`);
+}
+
+function contentionOption(value: unknown, where: string, fallback: ContentionPolicy): ContentionPolicy {
+  if (value === undefined) return fallback;
+  if (CONTENTION_POLICIES.includes(value as ContentionPolicy)) return value as ContentionPolicy;
+  throw new LockConfigurationError(
+    'onContention',
+    `${where}: onContention must be 'wait', 'fail' or 'skip'; got ${describe(value)}.`,
+  );
+}
+
+function httpStatusOption(value: unknown, where: string): 409 | 423 {
+  if (value === undefined) return 409;
+  if (value === 409 || value === 423) return value;
+  throw new LockConfigurationError(
+    'contendedHttpStatus',
+    `${where}: contendedHttpStatus must be 409 (Conflict) or 423 (Locked); got ${describe(value)}.`,
+  );
+}
+
+/** Validates one call's options against the module's defaults. Throws `LockConfigurationError`. */
+export function resolveLockOptions(
+  options: LockOptions | undefined,
+  defaults: ResolvedModuleOptions,
+  where: string,
+): ResolvedLockOptions {
+  if (options === undefined) {
+    return { waitMs: defaults.waitMs, leaseMs: defaults.leaseMs, watchdog: defaults.watchdog, owner: undefined, signal: undefined, fair: false, mode: 'exclusive' };
+  }
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    throw new LockConfigurationError('options', `${where} options must be an object; got ${describe(options)}.`);
+  }
+  const o = options as Record<string, unknown>;
+  rejectUnknown(o, LOCK_OPTION_NAMES, where);
+  const fixedLease = o.leaseMs !== undefined;
+  const resolved: ResolvedLockOptions = {
+    waitMs: duration(o.waitMs, 'waitMs', where, { min: 0, fallback: defaults.waitMs, infinity: true }),
+    leaseMs: duration(o.leaseMs, 'leaseMs', where, { min: MIN_LEASE_MS, fallback: defaults.leaseMs }),
+    watchdog: bool(o.watchdog, 'watchdog', where, fixedLease ? false : defaults.watchdog),
+    owner: ownerOption(o.owner, where),
+    signal: signalOption(o.signal, where),
+    fair: bool(o.fair, 'fair', where, false),
+    mode: modeOption(o.mode, where),
+  };
+  if (resolved.fair && resolved.mode !== 'exclusive') {
+    throw new LockConfigurationError('fair', `${where}: fair mode is for exclusive locks; read-write locks already keep writers from starving.`);
+  }
+  return resolved;
+}
+
+function redisOption(value: unknown): string | RedisOptions | Redis {
+  if (value === undefined) return 'redis://127.0.0.1:6379';
+  if (typeof value === 'string') {
+    if (/^rediss?:\/\//i.test(value)) return value;
+    throw new LockConfigurationError(
+      'redis',
+      `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${value}".`,
+    );
+  }
+  if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
+    const v = value as Record<string, unknown>;
+    if (isRedisClient(v)) return value as Redis;
+    if (typeof v.evalSha === 'function' || typeof v.isOpen === 'boolean') {
+      throw new LockConfigurationError(
+        'redis',
+        'redis looks like a node-redis client; nestjs-locked needs an ioredis client (`new Redis(url)` from the ioredis package), a URL, or ioredis options.',
+      );
+    }
+    if (typeof v.then === 'function' || typeof v.on === 'function' || typeof v.constructor === 'function' && v.constructor !== Object) {
+      throw new LockConfigurationError(
+        'redis',
+        `redis is an object of class ${(v.constructor as { name?: string })?.name ?? 'unknown'} that is not an ioredis client; pass an ioredis client, a redis:// URL, or plain ioredis options.`,
+      );
+    }
+    return value as RedisOptions;
+  }
+  throw new LockConfigurationError(
+    'redis',
+    `redis must be a redis:// URL, ioredis options, or an ioredis client; got ${describe(value)}.`,
+  );
+}
+
+/** Duck-typed so a second copy of ioredis (or ioredis 5 next to 6) is still recognised. */
+export function isRedisClient(value: unknown): value is Redis {
+  const v = value as Record<string, unknown> | null;
+  return (
+    typeof v === 'object' &&
+    v !== null &&
+    typeof v.evalsha === 'function' &&
+    typeof v.duplicate === 'function' &&
+    typeof v.status === 'string'
+  );
+}
+
+function keyPrefixOption(value: unknown): string {
+  if (value === undefined) return 'lock:';
+  if (typeof value !== 'string') {
+    throw new LockConfigurationError('keyPrefix', `keyPrefix must be a string; got ${describe(value)}.`);
+  }
+  if (value.length > MAX_PREFIX_LENGTH || /[{}]/.test(value)) {
+    throw new LockConfigurationError(
+      'keyPrefix',
+      `keyPrefix must be at most ${MAX_PREFIX_LENGTH} characters without "{" or "}" (nestjs-locked adds its own Cluster hash tag); got "${value}".`,
+    );
+  }
+  return value;
+}
+
+function ownerOption(value: unknown, where: string): string | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || value.length === 0 || value.length > MAX_OWNER_LENGTH || value.startsWith(':')) {
+    throw new LockConfigurationError(
+      'owner',
+      `${where}: owner must be a non-empty string of at most ${MAX_OWNER_LENGTH} characters, not starting with ":" (reserved); got ${describe(value)}.`,
+    );
+  }
+  return value;
+}
+
+function signalOption(value: unknown, where: string): AbortSignal | undefined {
+  if (value === undefined) return undefined;
+  if (value instanceof AbortSignal) return value;
+  throw new LockConfigurationError('signal', `${where}: signal must be an AbortSignal; got ${describe(value)}.`);
+}
+
+function bool(value: unknown, name: string, where: string, fallback: boolean): boolean {
+  if (value === undefined) return fallback;
+  if (typeof value === 'boolean') return value;
+  throw new LockConfigurationError(name, `${where}: ${name} must be true or false; got ${describe(value)}.`);
+}
+
+/**
+ * A duration in whole milliseconds within [min, MAX_DURATION_MS]; `Infinity` only where it means
+ * "for ever".
+ */
+export function duration(
+  value: unknown,
+  name: string,
+  where: string,
+  rule: { min: number; fallback: number; infinity?: boolean },
+): number {
+  if (value === undefined) return rule.fallback;
+  if (rule.infinity && value === Infinity) return Infinity;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < rule.min || value > MAX_DURATION_MS) {
+    throw new LockConfigurationError(
+      name,
+      `${where}: ${name} must be a whole number of milliseconds from ${rule.min} to ${MAX_DURATION_MS}` +
+        `${rule.infinity ? ' (or Infinity to wait for ever)' : ''}; got ${describe(value)}.`,
+    );
+  }
+  return value;
+}
+
+function rejectUnknown(o: Record<string, unknown>, known: readonly string[], where: string): void {
+  for (const name of Object.keys(o)) {
+    if (known.includes(name)) continue;
+    const near = known.find((k) => closeTo(k, name));
+    throw new LockConfigurationError(
+      name,
+      `${where}: unknown option "${name}"${near ? ` (did you mean "${near}"?)` : ''}. Known options: ${known.join(', ')}.`,
+    );
+  }
+}
+
+/** Same letters ignoring case, or one edit apart: catches `leaseMS`, `waitms`, `keyprefix`, `leasMs`. */
+function closeTo(a: string, b: string): boolean {
+  const x = a.toLowerCase();
+  const y = b.toLowerCase();
+  if (x === y) return true;
+  if (Math.abs(x.length - y.length) > 1) return false;
+  let i = 0;
+  while (i < x.length && i < y.length && x[i] === y[i]) i++;
+  return x.slice(i + 1) === y.slice(i + 1) || x.slice(i) === y.slice(i + 1) || x.slice(i + 1) === y.slice(i);
+}
+
+/** A short, safe description of a bad value for an error message. */
+export function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (typeof value === 'string') return JSON.stringify(value.length > 80 ? value.slice(0, 80) + '…' : value);
+  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
+  if (typeof value === 'undefined') return 'undefined';
+  if (typeof value === 'function') return 'a function';
+  if (Array.isArray(value)) return 'an array';
+  return `an object (${(value as object).constructor?.name ?? 'no prototype'})`;
+}

@@ -1,0 +1,697 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomBytes } from 'node:crypto';
+import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import { Subject, type Observable } from 'rxjs';
+import { LockBackendError } from './errors/lock-backend.error.js';
+import { LockConfigurationError } from './errors/lock-configuration.error.js';
+import { LockError } from './errors/lock.error.js';
+import { LockLostError, type LockLossReason } from './errors/lock-lost.error.js';
+import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
+import { LockUpgradeError } from './errors/lock-upgrade.error.js';
+import { HeldLock, heldLockId } from './held-lock.js';
+import { now, withTimeout } from './internal/time.js';
+import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
+import type { LockContext } from './lock-context.js';
+import type { LockEvent } from './lock-events.js';
+import { LockGroup } from './lock-group.js';
+import { LockHandle } from './lock-handle.js';
+import { assertLockKey, canonicalKeys } from './lock-key.js';
+import {
+  duration,
+  isRedisClient,
+  MIN_LEASE_MS,
+  resolveLockOptions,
+  resolveModuleOptions,
+  type LockModuleOptions,
+  type LockOptions,
+  type ResolvedLockOptions,
+  type ResolvedModuleOptions,
+} from './lock-options.js';
+import { Watchdog } from './renewal/watchdog.js';
+import type { LockedSpec } from './decorators/lock-pipeline.js';
+import type { ContentionPolicy } from './lock-options.js';
+import type { AcquireResult, LockMode, LockStore, ReleaseWatch } from './store/lock-store.js';
+import { MemoryLockStore } from './store/memory/memory-lock.store.js';
+import { RedisLockStore } from './store/redis/redis-lock.store.js';
+
+/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this. */
+const MIN_ATTEMPT_MS = 1_000;
+/** See createStore(). */
+const OWNED_DISCONNECT_TIMEOUT_MS = 100;
+/** How long shutdown waits for Redis to take back the locks still held. */
+const SHUTDOWN_RELEASE_MS = 2_000;
+
+/**
+ * Reentrant, renewing Redis locks. Inject it anywhere `LockModule` is imported.
+ *
+ * Owner model: a lock belongs to an owner = this service's id + a logical execution context. A
+ * context starts when code takes a lock with `run()` (or a `@Locked` method, or `handle.run()`);
+ * every acquisition of the same key inside it, however deep in awaits, re-enters. Two requests or
+ * jobs are two contexts and contend. `acquire()` outside any context starts a new owner each time.
+ *
+ * @example
+ * await locks.run(`account:${id}`, async (lock) => {
+ *   const balance = await repo.balance(id);
+ *   lock.signal.throwIfAborted();
+ *   await repo.setBalance(id, balance - amount);
+ * });
+ */
+@Injectable()
+export class LockService implements OnModuleInit, OnApplicationShutdown {
+  private readonly logger = new Logger('LockService');
+  private readonly options: ResolvedModuleOptions;
+  private readonly store: LockStore;
+  private readonly watchdog: Watchdog;
+  private readonly contexts = new AsyncLocalStorage<LockContext>();
+  private readonly held = new Map<string, HeldLock>();
+  private readonly instanceId = randomBytes(9).toString('base64url');
+  private contextCount = 0;
+  private readonly plans = new WeakMap<LockedSpec, LockedPlan>();
+  private readonly events = new Subject<LockEvent>();
+  private closing: Promise<void> | undefined;
+
+  /**
+   * Everything that happens to locks of this service: acquired, reentered, released, contended,
+   * timed-out, renewed, renew-failed, lost, release-failed. Completes at shutdown.
+   */
+  readonly events$: Observable<LockEvent> = this.events.asObservable();
+
+  constructor(@Inject(LOCK_MODULE_OPTIONS) options: LockModuleOptions) {
+    this.options = resolveModuleOptions(options);
+    this.store = this.createStore();
+    this.watchdog = new Watchdog({
+      renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
+      renewed: (locks) => {
+        if (!this.events.observed) return;
+        for (const l of locks) this.emit({ type: 'renewed', key: l.key, owner: l.owner, leaseMs: l.leaseMs });
+      },
+      lost: (lock, reason) => void this.markLost(lock, reason),
+      renewFailed: (locks, error) => {
+        this.logger.debug(`renewal of ${locks.length} lock(s) failed, retrying until their leases end: ${String(error)}`);
+        if (!this.events.observed) return;
+        for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
+      },
+    });
+  }
+
+  /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */
+  async onModuleInit(): Promise<void> {
+    const timeoutMs = this.options.connectTimeoutMs;
+    if (timeoutMs === 0) return;
+    try {
+      await this.store.ready(timeoutMs);
+    } catch (error) {
+      await this.store.close();
+      throw new LockBackendError(
+        'bootstrap',
+        undefined,
+        new Error(`${error instanceof Error ? error.message : String(error)} (check the redis option, or set connectTimeoutMs: 0 to start without checking)`),
+      );
+    }
+  }
+
+  /** Nest lifecycle hook: stops renewal, releases every held lock, closes the connections this module opened. */
+  async onApplicationShutdown(): Promise<void> {
+    await this.close();
+  }
+
+  /**
+   * Acquires `key`, waiting up to `waitMs` while another owner holds it. Inside a context that
+   * holds `key` already, re-enters (hold count + 1).
+   *
+   * @throws LockNotAcquiredError when the lock stayed held for the whole wait.
+   * @throws the `signal`'s reason when `options.signal` aborts the wait.
+   * @example
+   * const lock = await locks.acquire('report:daily', { waitMs: 0 });
+   */
+  async acquire(key: string, options?: LockOptions): Promise<LockHandle>;
+  /**
+   * Several keys, all or nothing, taken in one canonical (sorted) order: two callers listing the
+   * same keys in opposite orders never deadlock. On one Redis server the whole group is taken in
+   * one atomic script. Exclusive locks only (no `mode`, no `fair`).
+   *
+   * @example
+   * const group = await locks.acquire([`account:${from}`, `account:${to}`]);
+   */
+  async acquire(keys: readonly string[], options?: LockOptions): Promise<LockGroup>;
+  async acquire(key: string | readonly string[], options?: LockOptions): Promise<LockHandle | LockGroup> {
+    const where = 'LockService.acquire()';
+    const o = resolveLockOptions(options, this.options, where);
+    if (typeof key !== 'string' && Array.isArray(key)) return this.takeGroup(canonicalKeys(key, where), o, this.contextFor(o), where);
+    assertLockKey(key, where);
+    return this.take(key as string, o, this.contextFor(o));
+  }
+
+  /**
+   * One attempt, no waiting: the handle, or `null` when another owner holds the lock.
+   *
+   * @example
+   * const lock = await locks.tryAcquire('cache:rebuild');
+   * if (!lock) return; // someone else is rebuilding
+   */
+  async tryAcquire(key: string, options?: Omit<LockOptions, 'waitMs'>): Promise<LockHandle | null>;
+  /** Several keys in one attempt, all or nothing: the group, or `null`. */
+  async tryAcquire(keys: readonly string[], options?: Omit<LockOptions, 'waitMs'>): Promise<LockGroup | null>;
+  async tryAcquire(key: string | readonly string[], options?: Omit<LockOptions, 'waitMs'>): Promise<LockHandle | LockGroup | null> {
+    const where = 'LockService.tryAcquire()';
+    const o = resolveLockOptions(options, this.options, where);
+    if ((options as LockOptions | undefined)?.waitMs !== undefined) {
+      throw new LockConfigurationError('waitMs', 'LockService.tryAcquire() never waits; use acquire() to pass waitMs.');
+    }
+    const keys = typeof key !== 'string' && Array.isArray(key) ? canonicalKeys(key, where) : undefined;
+    if (!keys) assertLockKey(key, where);
+    try {
+      if (keys) return await this.takeGroup(keys, { ...o, waitMs: 0 }, this.contextFor(o), where);
+      return await this.take(key as string, { ...o, waitMs: 0 }, this.contextFor(o));
+    } catch (error) {
+      if (error instanceof LockNotAcquiredError) return null;
+      throw error;
+    }
+  }
+
+  /**
+   * Acquires `key`, runs `fn` inside the lock's context (nested acquisitions re-enter), and
+   * releases whatever happens. Returns `fn`'s value or rethrows `fn`'s error unchanged; a failed
+   * release never replaces either (it is logged and emitted as `release-failed`).
+   *
+   * @example
+   * const total = await locks.run(`cart:${cartId}`, async () => checkout(cartId));
+   */
+  async run<T>(key: string, fn: (lock: LockHandle) => T | Promise<T>, options?: LockOptions): Promise<Awaited<T>>;
+  /** Several keys (see `acquire(keys)`), held together while `fn` runs. */
+  async run<T>(keys: readonly string[], fn: (group: LockGroup) => T | Promise<T>, options?: LockOptions): Promise<Awaited<T>>;
+  async run<T>(key: string | readonly string[], fn: (lock: never) => T | Promise<T>, options?: LockOptions): Promise<Awaited<T>> {
+    const where = 'LockService.run()';
+    const keys = typeof key !== 'string' && Array.isArray(key) ? canonicalKeys(key, where) : undefined;
+    if (!keys) assertLockKey(key, where);
+    if (typeof fn !== 'function') {
+      throw new LockConfigurationError('fn', 'LockService.run(key, fn): fn must be a function that does the protected work.');
+    }
+    const o = resolveLockOptions(options, this.options, where);
+    const context = this.contextFor(o);
+    const held = keys ? await this.takeGroup(keys, o, context, where) : await this.take(key as string, o, context);
+    try {
+      return await held.run(() => fn(held as never));
+    } finally {
+      await this.releaseQuietly(held);
+    }
+  }
+
+  /**
+   * The innermost lock held by the current context (`run()`, a `@Locked` method, `handle.run()`),
+   * or the innermost one on `key`; `undefined` outside any.
+   */
+  current(key?: string): LockHandle | undefined {
+    for (let c = this.contexts.getStore(); c; c = c.parent) {
+      const candidates = c.group ? c.group.handles : c.handle ? [c.handle] : [];
+      const match = candidates.find((h) => !h.released && (key === undefined || h.key === key));
+      if (match) return match;
+    }
+    return undefined;
+  }
+
+  /** Whether any owner holds `key` now. */
+  async isLocked(key: string): Promise<boolean> {
+    assertLockKey(key, 'LockService.isLocked()');
+    return (await this.inspect(key, undefined, 'isLocked')).locked;
+  }
+
+  /** How many holds the current context (or `options.owner`) has on `key` (on its `mode` side); 0 when none. */
+  async holdCount(key: string, options?: Pick<LockOptions, 'owner' | 'mode'>): Promise<number> {
+    assertLockKey(key, 'LockService.holdCount()');
+    const o = resolveLockOptions(options, this.options, 'LockService.holdCount()');
+    const owner = o.owner ?? this.contexts.getStore()?.owner;
+    if (owner === undefined) return 0;
+    return (await this.inspect(key, owner, 'holdCount', o.mode)).holdCount;
+  }
+
+  /**
+   * The read side of the read-write lock `key`: many readers at once, no writer meanwhile.
+   * Same as `acquire(key, { ...options, mode: 'read' })`.
+   *
+   * @example
+   * const lock = await locks.readLock(`doc:${id}`);
+   */
+  readLock(key: string, options?: Omit<LockOptions, 'mode'>): Promise<LockHandle> {
+    return this.acquire(key, { ...options, mode: 'read' });
+  }
+
+  /**
+   * The write side of the read-write lock `key`: one writer, no reader meanwhile; a writer may also
+   * take the read side (downgrade). Same as `acquire(key, { ...options, mode: 'write' })`.
+   */
+  writeLock(key: string, options?: Omit<LockOptions, 'mode'>): Promise<LockHandle> {
+    return this.acquire(key, { ...options, mode: 'write' });
+  }
+
+  /** The remaining lease of `key` in ms, `null` when it is not locked, `Infinity` when it has no expiry (not set by us). */
+  async remainingTtl(key: string): Promise<number | null> {
+    assertLockKey(key, 'LockService.remainingTtl()');
+    const state = await this.inspect(key, undefined, 'remainingTtl');
+    if (!state.locked) return null;
+    return state.ttlMs === -1 ? Infinity : state.ttlMs;
+  }
+
+  /**
+   * Deletes `key` whoever holds it, and wakes its waiters. For operators clearing a lock left by a
+   * process that cannot release it. Holders in this process see their signal abort at once; holders
+   * elsewhere at their next renewal. Returns whether there was a lock. Missing keys are a no-op.
+   */
+  async forceUnlock(key: string): Promise<boolean> {
+    assertLockKey(key, 'LockService.forceUnlock()');
+    let existed: boolean;
+    try {
+      existed = await this.store.forceUnlock(key);
+    } catch (error) {
+      throw new LockBackendError('forceUnlock', key, error);
+    }
+    for (const lock of [...this.held.values()]) if (lock.key === key) void this.markLost(lock, 'taken');
+    return existed;
+  }
+
+  /**
+   * A health snapshot for readiness probes: whether the store answers within `timeoutMs` and has
+   * its scripts loaded (they are loaded again if Redis forgot them), how many locks this service
+   * holds, and how late its most overdue renewal is (renewal is keeping up while that stays well
+   * below a third of the lease). Never throws. See the README for a `@nestjs/terminus` indicator.
+   */
+  async health(timeoutMs = 1_000): Promise<LockHealth> {
+    const base = { store: this.store.description, heldLocks: this.held.size, renewalOverdueMs: Math.round(this.watchdog.overdueMs()) };
+    if (this.closing) return { status: 'down', ...base, error: 'the lock module has shut down' };
+    try {
+      await this.store.ready(timeoutMs);
+      return { status: 'up', ...base };
+    } catch (error) {
+      return { status: 'down', ...base, error: error instanceof Error ? error.message : String(error) };
+    }
+  }
+
+  // ---- internals ------------------------------------------------------------------------------
+
+  /** @internal The module's options, resolved. */
+  get settings(): ResolvedModuleOptions {
+    return this.options;
+  }
+
+  /** @internal How a `@Locked` method takes its lock under this module's defaults (computed once per method). */
+  lockedPlan(spec: LockedSpec): LockedPlan {
+    let plan = this.plans.get(spec);
+    if (!plan) {
+      const { onContention, minHoldMs, ...lockOptions } = spec.options;
+      const policy = onContention ?? this.options.onContention;
+      const acquire = resolveLockOptions(lockOptions, this.options, spec.where);
+      plan = {
+        policy,
+        minHoldMs: minHoldMs ?? this.options.minHoldMs,
+        acquire: policy === 'wait' ? acquire : { ...acquire, waitMs: 0 },
+      };
+      this.plans.set(spec, plan);
+    }
+    return plan;
+  }
+
+  /** @internal acquire() with options already resolved; an array takes a group. */
+  acquireResolved(key: string | readonly string[], o: ResolvedLockOptions, where = 'LockService'): Promise<LockHandle | LockGroup> {
+    if (typeof key === 'string') return this.take(key, o, this.contextFor(o));
+    return this.takeGroup(canonicalKeys(key, where), o, this.contextFor(o), where);
+  }
+
+  /**
+   * Takes every key of a group, all or nothing. With a store that can, in one atomic step per
+   * attempt; while another owner holds one of the keys, sleeps on that key's release channel.
+   * Otherwise one key at a time in canonical order, giving back what it took if one fails.
+   */
+  private async takeGroup(keys: readonly string[], o: ResolvedLockOptions, context: LockContext, where: string): Promise<LockGroup> {
+    if (o.fair || o.mode !== 'exclusive') {
+      throw new LockConfigurationError('keys', `${where}: multi-key locks are exclusive; fair and mode apply to one key at a time.`);
+    }
+    if (this.closing) throw new LockBackendError('acquire', keys.join(', '), new Error('the lock module has shut down'));
+    const acquireMany = this.store.acquireMany?.bind(this.store);
+    if (!acquireMany) return this.takeOneByOne(keys, o, context);
+    o.signal?.throwIfAborted();
+    const started = now();
+    const deadline = started + o.waitMs;
+    let watch: { key: string; on: ReleaseWatch } | undefined;
+    let contended = false;
+    try {
+      for (;;) {
+        o.signal?.throwIfAborted();
+        const start = now();
+        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs), start, deadline, keys.join(', '), (late) =>
+          late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
+        );
+        if (result.granted) {
+          const grants = result.grants;
+          const handles = keys.map((key, i) => this.granted(key, context, o, { granted: true, ...grants[i]! }, start, started));
+          return new LockGroup(handles, context, (c, fn) => this.runInContext(c, fn));
+        }
+        const retryAfterMs = result.ttlMs < 0 ? undefined : result.ttlMs;
+        if (!contended) {
+          contended = true;
+          this.emit({ type: 'contended', key: result.blockedBy, owner: context.owner, retryAfterMs });
+        }
+        if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'contended');
+        if (watch?.key !== result.blockedBy) {
+          // Watch the key that blocks us, then try again before sleeping (no release can slip by).
+          watch?.on.close();
+          watch = { key: result.blockedBy, on: this.store.watch(result.blockedBy, context.owner) };
+          await withTimeout(watch.on.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
+          continue;
+        }
+        const remaining = deadline - now();
+        if (remaining <= 0) {
+          this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: now() - started });
+          throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'timeout');
+        }
+        const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), o.signal);
+        if (how === 'aborted') o.signal?.throwIfAborted();
+      }
+    } finally {
+      watch?.on.close();
+    }
+  }
+
+  /** The group path for stores without an atomic multi-key step: canonical order, rollback on failure. */
+  private async takeOneByOne(keys: readonly string[], o: ResolvedLockOptions, context: LockContext): Promise<LockGroup> {
+    const deadline = now() + o.waitMs;
+    const handles: LockHandle[] = [];
+    try {
+      for (const key of keys) handles.push(await this.take(key, { ...o, waitMs: Math.max(0, deadline - now()) }, context));
+    } catch (error) {
+      for (const handle of handles.reverse()) await this.releaseQuietly(handle);
+      throw error;
+    }
+    return new LockGroup(handles, context, (c, fn) => this.runInContext(c, fn));
+  }
+
+  /** @internal A skipped `@Locked` call. */
+  noteSkipped(key: string, method: string): void {
+    const owner = this.contexts.getStore()?.owner ?? '';
+    this.logger.debug(`${method} skipped: "${key}" is held by another owner`);
+    this.emit({ type: 'skipped', key, owner, method });
+  }
+
+  private createStore(): LockStore {
+    const log = {
+      debug: (m: string) => this.logger.debug(m),
+      warn: (m: string) => this.logger.warn(m),
+    };
+    const { redis, keyPrefix } = this.options;
+    if (this.options.store === 'memory') return new MemoryLockStore();
+    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log);
+    // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
+    // when the socket had already closed; keep it short on connections we own.
+    const client =
+      typeof redis === 'string'
+        ? new Redis(redis, { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS })
+        : new Redis({ disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...(redis as object) });
+    let lastError = '';
+    client.on('error', (e: Error) => {
+      if (e.message !== lastError) this.logger.warn(`Redis connection: ${e.message}`);
+      lastError = e.message;
+    });
+    client.on('ready', () => (lastError = ''));
+    return new RedisLockStore(client, true, keyPrefix, log);
+  }
+
+  private contextFor(o: ResolvedLockOptions): LockContext {
+    if (o.owner !== undefined) return { owner: o.owner };
+    return this.contexts.getStore() ?? { owner: `${this.instanceId}:${++this.contextCount}` };
+  }
+
+  /** @internal */
+  runInContext<T>(context: LockContext, fn: () => T): T {
+    return this.contexts.run(context, fn);
+  }
+
+  private async take(key: string, o: ResolvedLockOptions, context: LockContext): Promise<LockHandle> {
+    if (this.closing) throw new LockBackendError('acquire', key, new Error('the lock module has shut down'));
+    o.signal?.throwIfAborted();
+    const started = now();
+    const deadline = started + o.waitMs;
+    let attempt = await this.attempt(key, context.owner, o, deadline);
+    if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
+    if (attempt.result.upgrade) throw new LockUpgradeError(key);
+    const retryAfter = (r: AcquireResult) => (r.granted || r.ttlMs < 0 ? undefined : r.ttlMs);
+    this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
+    if (o.waitMs === 0) {
+      await this.abandon(key, context.owner, o);
+      throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'contended');
+    }
+    this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
+    const watch = this.store.watch(key, context.owner);
+    let woken = false;
+    let granted = false;
+    try {
+      await withTimeout(watch.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
+      for (;;) {
+        o.signal?.throwIfAborted();
+        attempt = await this.attempt(key, context.owner, o, deadline);
+        if (attempt.result.granted) {
+          woken = false;
+          granted = true;
+          return this.granted(key, context, o, attempt.result, attempt.start, started);
+        }
+        woken = false;
+        const remaining = deadline - now();
+        if (remaining <= 0) {
+          this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: now() - started });
+          throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'timeout');
+        }
+        // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
+        // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
+        // A fair waiter, or a waiting writer, comes back before its place runs out.
+        const ttl = attempt.result.ttlMs;
+        let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
+        if (o.fair || o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
+        const how = await watch.sleep(bound, o.signal);
+        if (how === 'aborted') o.signal?.throwIfAborted();
+        woken = how === 'released';
+      }
+    } finally {
+      watch.close(woken);
+      // A fair waiter that gives up leaves the queue, so nothing of it stays in Redis.
+      if (!granted) await this.abandon(key, context.owner, o);
+    }
+  }
+
+  /** One acquisition attempt of one key (see `bounded`). */
+  private async attempt(
+    key: string,
+    owner: string,
+    o: ResolvedLockOptions,
+    deadline: number,
+  ): Promise<{ result: AcquireResult; start: number }> {
+    const start = now();
+    const request = this.store.acquire({ key, owner, leaseMs: o.leaseMs, mode: o.mode, fair: o.fair, queueTimeoutMs: this.options.fairQueueTimeoutMs });
+    const result = await this.bounded(request, start, deadline, key, (late) =>
+      late.granted ? this.store.release(key, owner, o.mode) : undefined,
+    );
+    return { result, start };
+  }
+
+  /**
+   * Waits for an acquisition request for the remaining wait, but never less than MIN_ATTEMPT_MS.
+   * If Redis does not answer in time, the attempt is abandoned (LockBackendError); should it still
+   * be granted later, `giveBack` returns that grant at once so no orphan lock stays until its lease ends.
+   */
+  private async bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
+    const limit = Math.max(deadline - start, MIN_ATTEMPT_MS);
+    try {
+      return await withTimeout(request, limit, () => new AttemptTimeout(limit));
+    } catch (error) {
+      if (error instanceof AttemptTimeout) {
+        request.then(giveBack, () => undefined).then(undefined, () => undefined);
+      }
+      throw new LockBackendError('acquire', what, error);
+    }
+  }
+
+  private granted(
+    key: string,
+    context: LockContext,
+    o: ResolvedLockOptions,
+    result: AcquireResult & { granted: true },
+    leaseStart: number,
+    started: number,
+  ): LockHandle {
+    const id = heldLockId(context.owner, key, o.mode);
+    let lock = this.held.get(id);
+    if (lock && result.holdCount > 1) {
+      lock.holds++;
+      if (!lock.watchdog && leaseStart + o.leaseMs > lock.deadline) {
+        lock.setLease(leaseStart, o.leaseMs);
+        this.watchdog.touch(lock);
+      }
+      this.emit({ type: 'reentered', key, owner: context.owner, holdCount: result.holdCount });
+    } else {
+      // A record without a matching hold in Redis means the old grant was lost unnoticed.
+      if (lock) void this.markLost(lock, 'taken');
+      lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode);
+      this.held.set(id, lock);
+      this.watchdog.add(lock);
+      if (result.holdCount > 1) {
+        this.emit({ type: 'reentered', key, owner: context.owner, holdCount: result.holdCount });
+      } else {
+        this.emit({ type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken: result.fencingToken });
+      }
+    }
+    return new LockHandle(this, lock, context, result.holdCount);
+  }
+
+  /** @internal */
+  checkDeadline(lock: HeldLock): void {
+    if (!lock.lost && lock.holds > 0 && lock.deadline <= now()) void this.markLost(lock, 'lease-expired');
+  }
+
+  /** @internal */
+  async releaseHandle(lock: HeldLock, keepMs = 0): Promise<void> {
+    if (lock.lost) return;
+    lock.holds--;
+    // Stop renewing before the release is sent: no renewal can follow it.
+    if (lock.holds === 0) this.forget(lock);
+    let left: number;
+    try {
+      if (lock.holds === 0 && keepMs > 0) {
+        // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
+        const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
+        left = kept ? 0 : -1;
+      } else {
+        left = await this.store.release(lock.key, lock.owner, lock.mode);
+      }
+    } catch (error) {
+      const failure = new LockBackendError('release', lock.key, error);
+      this.emit({ type: 'release-failed', key: lock.key, owner: lock.owner, error: failure });
+      throw failure;
+    }
+    if (left < 0) {
+      // Redis no longer listed us: the lock had been lost before we noticed.
+      void this.markLost(lock, 'taken');
+      return;
+    }
+    this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
+  }
+
+  /** @internal */
+  async extendHandle(lock: HeldLock, leaseMs: number, handle: LockHandle): Promise<void> {
+    duration(leaseMs ?? null, 'leaseMs', 'LockHandle.extend()', { min: MIN_LEASE_MS, fallback: 0 });
+    if (lock.lost) throw lock.signal.reason as Error;
+    if (handle.released) {
+      throw new LockError(`LockHandle.extend(): the handle of "${lock.key}" was already released; acquire the lock again.`);
+    }
+    const start = now();
+    let ok: boolean | undefined;
+    try {
+      [ok] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]);
+    } catch (error) {
+      throw new LockBackendError('extend', lock.key, error);
+    }
+    if (!ok) {
+      await this.markLost(lock, 'taken');
+      throw lock.signal.reason as Error;
+    }
+    lock.setLease(start, leaseMs);
+    this.watchdog.touch(lock);
+  }
+
+  /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
+  private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
+    if (!o.fair && o.mode !== 'write') return;
+    await this.store.abandon(key, owner, o.mode, o.fair).catch(() => undefined);
+  }
+
+  /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */
+  async releaseQuietly(handle: LockHandle | LockGroup, minHoldMs = 0): Promise<void> {
+    if (handle instanceof LockGroup) {
+      for (const member of [...handle.handles].reverse()) await this.releaseQuietly(member, minHoldMs);
+      return;
+    }
+    try {
+      const keepMs = minHoldMs - handle.lock.heldMs;
+      if (keepMs > 0 && handle.holdCount === 1) await handle.releaseAfter(keepMs);
+      else await handle.release();
+    } catch (error) {
+      this.logger.error(`could not release "${handle.key}"; its lease will free it: ${String(error)}`);
+    }
+  }
+
+  private forget(lock: HeldLock): void {
+    this.watchdog.remove(lock);
+    const id = heldLockId(lock.owner, lock.key, lock.mode);
+    if (this.held.get(id) === lock) this.held.delete(id);
+  }
+
+  /**
+   * The lock is not ours any more: forget it, report it once, abort its signal. When our hold may
+   * still be in Redis (the lease ran out locally, or shutdown), take it back so it does not linger;
+   * that command is sent before anything else this owner could send for the key.
+   */
+  private markLost(lock: HeldLock, reason: LockLossReason): Promise<void> {
+    if (lock.lost) return Promise.resolve();
+    lock.lost = true;
+    this.forget(lock);
+    const error = new LockLostError(lock.key, lock.owner, reason, lock.heldMs);
+    const cleanup =
+      reason === 'taken'
+        ? Promise.resolve()
+        : this.store.releaseAll(lock.key, lock.owner, lock.mode).then(
+            () => undefined,
+            () => undefined,
+          );
+    if (reason === 'shutdown') this.logger.debug(error.message);
+    else this.logger.warn(error.message);
+    this.emit({ type: 'lost', key: lock.key, owner: lock.owner, reason, heldMs: error.heldMs, error });
+    lock.controller.abort(error);
+    return cleanup;
+  }
+
+  private async inspect(key: string, owner: string | undefined, operation: string, mode?: LockMode) {
+    try {
+      return await this.store.inspect(key, owner, mode);
+    } catch (error) {
+      throw new LockBackendError(operation, key, error);
+    }
+  }
+
+  private emit(event: LockEvent): void {
+    if (this.events.observed) this.events.next(event);
+  }
+
+  private close(): Promise<void> {
+    this.closing ??= (async () => {
+      this.watchdog.stop();
+      const releases = [...this.held.values()].map((lock) => this.markLost(lock, 'shutdown'));
+      await withTimeout(Promise.all(releases), SHUTDOWN_RELEASE_MS, () => new Error('timeout')).catch(() => undefined);
+      await this.store.close();
+      this.events.complete();
+    })();
+    return this.closing;
+  }
+}
+
+/** What `LockService.health()` reports. */
+export interface LockHealth {
+  status: 'up' | 'down';
+  /** Where the locks live. */
+  store: string;
+  /** Locks this service holds now. */
+  heldLocks: number;
+  /** How late the most overdue renewal is, in ms. */
+  renewalOverdueMs: number;
+  /** Why the store is down. */
+  error?: string;
+}
+
+/** @internal */
+export interface LockedPlan {
+  policy: ContentionPolicy;
+  minHoldMs: number;
+  acquire: ResolvedLockOptions;
+}
+
+class AttemptTimeout extends Error {
+  constructor(ms: number) {
+    super(`no answer within ${Math.round(ms)} ms`);
+  }
+}

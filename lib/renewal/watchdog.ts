@@ -1,0 +1,138 @@
+import type { HeldLock } from '../held-lock.js';
+import { now } from '../internal/time.js';
+
+/** What the watchdog asks of the service that owns it. Each hook must not throw. */
+export interface WatchdogHooks {
+  /** Renew these locks in the backend; one boolean per lock (false: no longer ours). */
+  renew(locks: readonly HeldLock[]): Promise<boolean[]>;
+  renewed(locks: readonly HeldLock[]): void;
+  /** A lock passed its deadline (`lease-expired`) or the backend no longer lists its owner (`taken`). */
+  lost(lock: HeldLock, reason: 'lease-expired' | 'taken'): void;
+  /** A renewal call failed; the locks will be retried until their deadlines. */
+  renewFailed(locks: readonly HeldLock[], error: unknown): void;
+}
+
+/**
+ * Keeps held locks alive with ONE timer per LockService, never one per lock. The timer fires at
+ * the earliest moment something is due: a renewal (every third of a lease) or a deadline (the end
+ * of the last lease we know Redis granted). Every lock due within half a renewal period is renewed
+ * in the same batch, so N locks cost about N / 500 script calls per period on one Redis.
+ *
+ * A failed renewal is retried (every tenth of the lease, at most every second) until the lock's
+ * deadline passes on the monotonic clock; then the lock is lost. A fixed-lease lock is never
+ * renewed, only watched for its deadline.
+ */
+export class Watchdog {
+  private readonly locks = new Set<HeldLock>();
+  private timer: NodeJS.Timeout | undefined;
+  private wakeAt = Infinity;
+  private stopped = false;
+
+  constructor(private readonly hooks: WatchdogHooks) {}
+
+  get size(): number {
+    return this.locks.size;
+  }
+
+  /** How late the most overdue renewal is, in ms (0 when every renewal is on time). */
+  overdueMs(): number {
+    const t = now();
+    let worst = 0;
+    for (const lock of this.locks) if (lock.watchdog) worst = Math.max(worst, t - lock.renewAt);
+    return worst;
+  }
+
+  add(lock: HeldLock): void {
+    if (this.stopped) return;
+    this.locks.add(lock);
+    this.schedule(Math.min(lock.renewAt, lock.deadline));
+  }
+
+  /** A lock's lease or deadline changed (re-entry, extend). */
+  touch(lock: HeldLock): void {
+    if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lock.deadline));
+  }
+
+  /** Stops watching a lock. Called before its release is sent, so no renewal can follow a release. */
+  remove(lock: HeldLock): void {
+    this.locks.delete(lock);
+    if (this.locks.size === 0) this.clear();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.locks.clear();
+    this.clear();
+  }
+
+  private clear(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.wakeAt = Infinity;
+  }
+
+  private schedule(at: number): void {
+    if (this.stopped || at >= this.wakeAt) return;
+    if (this.timer) clearTimeout(this.timer);
+    this.wakeAt = at;
+    this.timer = setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - now())));
+    // A held lock alone never keeps the process alive; its lease frees it if the process exits.
+    this.timer.unref();
+  }
+
+  private tick(): void {
+    this.timer = undefined;
+    this.wakeAt = Infinity;
+    const t = now();
+    const due: HeldLock[] = [];
+    for (const lock of this.locks) {
+      if (lock.deadline <= t) {
+        this.locks.delete(lock);
+        this.hooks.lost(lock, 'lease-expired');
+      } else if (lock.watchdog && !lock.renewing && lock.renewAt <= t + lock.leaseMs / 6) {
+        due.push(lock);
+      }
+    }
+    if (due.length > 0) this.renew(due, t);
+    this.reschedule();
+  }
+
+  private renew(due: HeldLock[], start: number): void {
+    for (const lock of due) lock.renewing = true;
+    this.hooks.renew(due).then(
+      (results) => {
+        const renewed: HeldLock[] = [];
+        due.forEach((lock, i) => {
+          lock.renewing = false;
+          if (!this.locks.has(lock)) return;
+          if (results[i]) {
+            lock.setLease(start, lock.leaseMs);
+            renewed.push(lock);
+          } else {
+            this.locks.delete(lock);
+            this.hooks.lost(lock, 'taken');
+          }
+        });
+        if (renewed.length > 0) this.hooks.renewed(renewed);
+        this.reschedule();
+      },
+      (error: unknown) => {
+        const t = now();
+        for (const lock of due) {
+          lock.renewing = false;
+          lock.renewAt = t + Math.min(1_000, lock.leaseMs / 10);
+        }
+        this.hooks.renewFailed(due, error);
+        this.reschedule();
+      },
+    );
+  }
+
+  private reschedule(): void {
+    let next = Infinity;
+    for (const lock of this.locks) {
+      next = Math.min(next, lock.deadline, lock.renewing ? Infinity : lock.renewAt);
+    }
+    if (next < Infinity) this.schedule(next);
+  }
+}

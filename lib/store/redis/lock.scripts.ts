@@ -1,0 +1,356 @@
+/**
+ * The Redis data model of nestjs-locked, and every Lua script that touches it.
+ *
+ * For a lock with key K and the module's prefix P (default `lock:`):
+ *
+ * | Redis name      | type    | content                                         | lifetime                                    |
+ * |-----------------|---------|-------------------------------------------------|---------------------------------------------|
+ * | `P{K}`          | hash    | field = owner id, value = that owner's holds    | PEXPIRE = the lease; deleted at last release |
+ * | `P{K}:fence`    | string  | the last fencing token issued for K             | PEXPIRE `FENCE_COUNTER_TTL_MS` after each grant |
+ * | `P{K}:queue`    | list    | fair mode: owners waiting, first come first served | PEXPIRE 2 x the queue timeout, refreshed by every attempt |
+ * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
+ * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
+ * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or the id of the fair queue's head | - |
+ *
+ * Every name of one lock starts with the same `{K}` hash tag, so on Redis Cluster they share a slot
+ * (keys never contain braces; see `assertLockKey`). The channel name is passed to the scripts as an
+ * argument rather than derived from KEYS, so an ioredis `keyPrefix` on the client (which prefixes
+ * KEYS but not channels) cannot separate publisher from subscriber.
+ *
+ * Fair mode: a waiter enters the queue on its first refused attempt and refreshes its place on every
+ * attempt; a place not refreshed within the queue timeout (the waiter crashed or gave up silently)
+ * is dropped by the next attempt of anyone. All deadlines are on Redis's clock (TIME). A release
+ * announces the head of the queue, so only that waiter wakes.
+ *
+ * Read-write mode: the same hash holds write holds in field `owner` (so a plain exclusive lock and a
+ * write lock exclude each other), read holds in field `owner:read`, and `:mode` = `read` while
+ * only readers hold it. A writer may also take the read lock (downgrade); a reader asking for the
+ * write lock is refused at once (-1). A refused writer registers in `P{K}:writers`; while a writer
+ * waits there, new readers are refused (re-entrant readers are not), so readers cannot starve it.
+ * Releases of read-write locks announce `all`: every waiter retries, and readers go in together.
+ *
+ * Fencing tokens: `max(counter + 1, server time in microseconds)`. Seeding from Redis's own clock
+ * keeps tokens increasing after the counter expired, was lost in a restart without persistence, or
+ * lagged on a promoted replica, as long as Redis's clock does not step back by more than the
+ * counter's idle lifetime. Tokens stay below 2^53 (exact in JavaScript) until the year 2255.
+ *
+ * Scripts return integers or arrays of integers only (never Lua booleans), so replies read the same
+ * over RESP2 (ioredis 5) and RESP3 (ioredis 6).
+ */
+
+/** How long a fencing counter outlives the last grant of its key. */
+export const FENCE_COUNTER_TTL_MS = 3_600_000;
+
+/**
+ * Lua fragment: grant a free lock to `owner` with a fresh fencing token and return. `timeExpr`
+ * yields Redis TIME ({seconds, microseconds}). Expects locals lock, fence, owner, lease; ARGV[3] is
+ * the counter's lifetime.
+ */
+function grantFresh(timeExpr: string): string {
+  return `local now = ${timeExpr}
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('get', fence) or '0')
+  if last >= token then token = last + 1 end
+  redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+  redis.call('hset', lock, owner, 1)
+  redis.call('pexpire', lock, lease)
+  return {1, 1, token}`;
+}
+
+/** Lua fragment: if `owner` holds the lock, take one more hold (never shortening the lease) and return. */
+const reenter = `if redis.call('hexists', lock, owner) == 1 then
+  local holds = redis.call('hincrby', lock, owner, 1)
+  local ttl = redis.call('pttl', lock)
+  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+  return {1, holds, tonumber(redis.call('get', fence) or '0')}
+end`;
+
+/**
+ * Lua fragment: the lock just became free; announce it on ARGV[2] with ARGV[3] (publish or
+ * spublish): the fair queue's head (KEYS[2]) if there is one, so only it wakes, else `released`.
+ */
+const announce = `if redis.call('exists', lock) == 0 then
+  redis.call(ARGV[3], ARGV[2], redis.call('lindex', KEYS[2], 0) or 'released')
+end`;
+
+/**
+ * Take the lock, or re-enter it.
+ * KEYS[1] lock hash, KEYS[2] fencing counter.
+ * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms.
+ * Returns {1, holdCount, fencingToken} when granted (re-entry keeps the token of the current grant),
+ * or {0, remaining lease of the holder in ms (-1: no expiry)}.
+ * A re-entry never shortens the lease: it becomes max(remaining, ARGV[2]).
+ */
+export const ACQUIRE = `
+local lock, fence, owner, lease = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
+if redis.call('exists', lock) == 0 then
+  ${grantFresh('redis.call(\'time\')')}
+end
+${reenter}
+return {0, redis.call('pttl', lock)}
+`;
+
+/**
+ * Fair variant of ACQUIRE: first come, first served across processes.
+ * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] queue timeouts.
+ * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms, ARGV[4] queue timeout in ms.
+ * Returns as ACQUIRE. When refused, the owner is in the queue (or its place refreshed) and the
+ * second number is how long to sleep at most: the holder's remaining lease, or, when the lock is
+ * free but an earlier waiter is due, the time until that waiter's place runs out.
+ */
+export const ACQUIRE_FAIR = `
+local lock, fence, queue, timeouts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local t = redis.call('time')
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
+  redis.call('lrem', queue, 0, gone)
+  redis.call('zrem', timeouts, gone)
+end
+${reenter}
+local head = redis.call('lindex', queue, 0)
+if redis.call('exists', lock) == 0 and (not head or head == owner) then
+  if head then
+    redis.call('lpop', queue)
+    redis.call('zrem', timeouts, owner)
+  end
+  ${grantFresh('t')}
+end
+if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
+redis.call('pexpire', queue, 2 * queueTimeout)
+redis.call('pexpire', timeouts, 2 * queueTimeout)
+if redis.call('exists', lock) == 1 then return {0, redis.call('pttl', lock)} end
+return {0, math.max(0, tonumber(redis.call('zscore', timeouts, head)) - nowMs)}
+`;
+
+/**
+ * Leave the fair queue (a waiter gave up or was aborted). If it was first in line for a free
+ * lock, the next waiter is woken.
+ * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts. ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command.
+ * Returns 1 when the owner was queued, else 0.
+ */
+export const LEAVE_QUEUE = `
+local lock, queue, timeouts, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local wasHead = redis.call('lindex', queue, 0) == owner
+if redis.call('zrem', timeouts, owner) == 0 then return 0 end
+redis.call('lrem', queue, 0, owner)
+if wasHead and redis.call('exists', lock) == 0 then
+  local head = redis.call('lindex', queue, 0)
+  if head then redis.call(ARGV[3], ARGV[2], head) end
+end
+return 1
+`;
+
+/**
+ * Drop one hold.
+ * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`).
+ * Returns the owner's holds left: 0 means the lock was deleted and the release announced;
+ * -1 means the owner held nothing, and nothing was changed.
+ */
+export const RELEASE = `
+local lock, owner = KEYS[1], ARGV[1]
+if redis.call('hexists', lock, owner) == 0 then return -1 end
+local holds = redis.call('hincrby', lock, owner, -1)
+if holds > 0 then return holds end
+redis.call('hdel', lock, owner)
+-- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
+${announce}
+return 0
+`;
+
+/**
+ * Drop every hold of one holder field (after a loss, at shutdown).
+ * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] hash field (owner, or owner:read), ARGV[2] release channel, ARGV[3] publish command.
+ * Returns 1 when the field held the lock, else 0. A lock left with only its `:mode` is deleted.
+ */
+export const RELEASE_ALL = `
+local lock, owner = KEYS[1], ARGV[1]
+if redis.call('hdel', lock, owner) == 0 then return 0 end
+if redis.call('hlen', lock) == 1 and redis.call('hexists', lock, ':mode') == 1 then redis.call('del', lock) end
+${announce}
+return 1
+`;
+
+/**
+ * Renew many locks in one call, each only if its owner still holds it.
+ * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
+ * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
+ */
+export const RENEW = `
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('pexpire', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+`;
+
+/**
+ * Read a lock's state.
+ * KEYS[1] lock hash. ARGV[1] the holder's hash field ('' for none).
+ * Returns {exists 1/0, the owner's holds, remaining lease in ms (-1 no expiry, -2 no key)}.
+ */
+export const INSPECT = `
+local ttl = redis.call('pttl', KEYS[1])
+if ttl == -2 then return {0, 0, -2} end
+local holds = 0
+if ARGV[1] ~= '' then holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') end
+return {1, holds, ttl}
+`;
+
+/**
+ * Delete a lock whoever holds it, and announce the release.
+ * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] unused, ARGV[2] release channel, ARGV[3] publish command.
+ * Returns 1 when a lock was deleted, else 0.
+ */
+export const FORCE_UNLOCK = `
+local lock = KEYS[1]
+if redis.call('del', lock) == 0 then return 0 end
+${announce}
+return 1
+`;
+
+/** Lua fragment: drop writers' places that lapsed; `live` = how many writers still wait. */
+const liveWriters = `local t = redis.call('time')
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', writers, '-inf', nowMs)
+local live = redis.call('zcard', writers)`;
+
+/**
+ * Take a read lock.
+ * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] waiting writers.
+ * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms.
+ * Returns {1, read holds, fencing token} or {0, ms to sleep at most}.
+ */
+export const ACQUIRE_READ = `
+local lock, fence, writers = KEYS[1], KEYS[2], KEYS[3]
+local owner, lease = ARGV[1], tonumber(ARGV[2])
+local field = owner .. ':read'
+if redis.call('hexists', lock, field) == 1 then
+  local holds = redis.call('hincrby', lock, field, 1)
+  local ttl = redis.call('pttl', lock)
+  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+  return {1, holds, tonumber(redis.call('get', fence) or '0')}
+end
+local exists = redis.call('exists', lock) == 1
+local mode = redis.call('hget', lock, ':mode')
+-- A writer (or exclusive holder) may read its own lock: downgrade.
+local downgrade = exists and mode ~= 'read' and redis.call('hexists', lock, owner) == 1
+if exists and mode ~= 'read' and not downgrade then return {0, redis.call('pttl', lock)} end
+${liveWriters}
+if live > 0 and not downgrade then
+  if exists then return {0, redis.call('pttl', lock)} end
+  local first = redis.call('zrange', writers, 0, 0, 'withscores')
+  return {0, math.max(1, tonumber(first[2]) - nowMs)}
+end
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('get', fence) or '0')
+if last >= token then token = last + 1 end
+redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+if not exists then redis.call('hset', lock, ':mode', 'read') end
+redis.call('hset', lock, field, 1)
+local ttl = redis.call('pttl', lock)
+if ttl < lease then redis.call('pexpire', lock, lease) end
+return {1, 1, token}
+`;
+
+/**
+ * Take a write lock (read-write mode).
+ * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] waiting writers.
+ * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms, ARGV[4] writer place timeout in ms.
+ * Returns {1, write holds, token}, {0, ms to sleep at most} (the writer now waits in KEYS[3]), or
+ * {-1} when the owner holds only a read lock (an upgrade, refused).
+ */
+export const ACQUIRE_WRITE = `
+local lock, fence, writers = KEYS[1], KEYS[2], KEYS[3]
+local owner, lease = ARGV[1], tonumber(ARGV[2])
+if redis.call('exists', lock) == 0 then
+  redis.call('zrem', writers, owner)
+  ${grantFresh("redis.call('time')")}
+end
+${reenter}
+if redis.call('hexists', lock, owner .. ':read') == 1 then return {-1} end
+${liveWriters}
+redis.call('zadd', writers, nowMs + tonumber(ARGV[4]), owner)
+redis.call('pexpire', writers, 2 * tonumber(ARGV[4]))
+return {0, redis.call('pttl', lock)}
+`;
+
+/**
+ * Drop one hold in read-write mode.
+ * KEYS[1] lock hash. ARGV[1] hash field (owner for a write hold, owner:read for a read hold), ARGV[2] channel, ARGV[3] publish command.
+ * Returns the holds of that field left (0: dropped), or -1 when it held nothing.
+ * When the last write hold goes and read holds remain (a downgrade), the lock becomes a read lock.
+ * Every change that lets others in announces `all`.
+ */
+export const RELEASE_RW = `
+local lock, field = KEYS[1], ARGV[1]
+if redis.call('hexists', lock, field) == 0 then return -1 end
+local holds = redis.call('hincrby', lock, field, -1)
+if holds > 0 then return holds end
+redis.call('hdel', lock, field)
+local left = redis.call('hlen', lock)
+local mode = redis.call('hget', lock, ':mode')
+if left == 0 or (left == 1 and mode) then
+  redis.call('del', lock)
+  redis.call(ARGV[3], ARGV[2], 'all')
+elseif not mode and string.sub(field, -5) ~= ':read' then
+  -- the writer left; only its own read holds remain
+  redis.call('hset', lock, ':mode', 'read')
+  redis.call(ARGV[3], ARGV[2], 'all')
+end
+return 0
+`;
+
+/**
+ * Leave the waiting writers (a writer gave up). KEYS[1] waiting writers. ARGV[1] owner.
+ */
+export const LEAVE_WRITERS = `
+redis.call('zrem', KEYS[1], ARGV[1])
+return 1
+`;
+
+/**
+ * Take several exclusive locks at once, all or nothing (one atomic step on one server).
+ * KEYS[2i-1] lock hash i, KEYS[2i] its fencing counter. ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms.
+ * Returns {1, holdCount1, token1, holdCount2, token2, ...} when all were taken (free ones fresh,
+ * the owner's own ones re-entered), or {0, i, remaining lease of lock i} for the first lock i held
+ * by another owner, having changed nothing.
+ */
+export const ACQUIRE_MANY = `
+local owner, lease = ARGV[1], tonumber(ARGV[2])
+local n = #KEYS / 2
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  if redis.call('exists', lock) == 1 and redis.call('hexists', lock, owner) == 0 then
+    return {0, i, redis.call('pttl', lock)}
+  end
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {1}
+for i = 1, n do
+  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  if redis.call('exists', lock) == 0 then
+    local token = now
+    local last = tonumber(redis.call('get', fence) or '0')
+    if last >= token then token = last + 1 end
+    redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+    redis.call('hset', lock, owner, 1)
+    redis.call('pexpire', lock, lease)
+    out[#out + 1] = 1
+    out[#out + 1] = token
+  else
+    local holds = redis.call('hincrby', lock, owner, 1)
+    local ttl = redis.call('pttl', lock)
+    if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+    out[#out + 1] = holds
+    out[#out + 1] = tonumber(redis.call('get', fence) or '0')
+  end
+end
+return out
+`;

@@ -1,0 +1,31 @@
+import { createHash } from 'node:crypto';
+import type { Redis } from 'ioredis';
+
+/**
+ * One Lua script: sent by SHA (EVALSHA), with the full text as a fallback when the server does not
+ * know it (after a restart or SCRIPT FLUSH). Unlike ioredis `defineCommand`, it adds nothing to a
+ * client the user passed in.
+ */
+export class RedisScript {
+  readonly sha: string;
+
+  constructor(
+    readonly name: string,
+    readonly lua: string,
+  ) {
+    this.sha = createHash('sha1').update(lua).digest('hex');
+  }
+
+  async run(client: Redis, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+    try {
+      return await client.evalsha(this.sha, keys.length, ...keys, ...args);
+    } catch (error) {
+      if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
+      return client.eval(this.lua, keys.length, ...keys, ...args);
+    }
+  }
+
+  async load(client: Redis): Promise<void> {
+    await client.script('LOAD', this.lua);
+  }
+}

@@ -1,0 +1,138 @@
+import type { ReleaseWatch } from '../store/lock-store.js';
+
+/**
+ * The waiters of one process, queued per key in arrival order. One release notice wakes one waiter
+ * (the longest-waiting one that is asleep), never all of them: the others would only race for the
+ * same lock and go back to sleep. A notice that arrives while no waiter sleeps (they are all busy
+ * with an attempt) is kept as a pending wake, so the next waiter to sleep retries at once instead of
+ * missing the release.
+ *
+ * Stores feed it: the Redis store from its release channel, the memory store directly.
+ */
+export class ReleaseWaiters {
+  private readonly queues = new Map<string, KeyQueue>();
+
+  /** Joins the queue of `key` as `owner`. The caller must `close()` the returned watch. */
+  join(key: string, owner: string, ready: Promise<void>, onLeave?: () => void): ReleaseWatch {
+    let queue = this.queues.get(key);
+    if (!queue) {
+      queue = { members: [], pendingWakes: 0 };
+      this.queues.set(key, queue);
+    }
+    const waiter = new Waiter(owner, queue, ready, () => {
+      const q = queue!;
+      const i = q.members.indexOf(waiter);
+      if (i >= 0) q.members.splice(i, 1);
+      if (q.members.length === 0) this.queues.delete(key);
+      else q.pendingWakes = Math.min(q.pendingWakes, q.members.length);
+      onLeave?.();
+    }, () => this.notify(key));
+    queue.members.push(waiter);
+    return waiter;
+  }
+
+  /** A release of `key` happened: wake one waiter. */
+  notify(key: string): void {
+    const queue = this.queues.get(key);
+    if (!queue) return;
+    const sleeper = queue.members.find((w) => w.asleep);
+    if (sleeper) sleeper.wake();
+    else queue.pendingWakes = Math.min(queue.pendingWakes + 1, queue.members.length);
+  }
+
+  /** A fair lock was released to `owner`: wake that waiter (now, or at its next sleep). */
+  notifyOwner(key: string, owner: string): void {
+    const waiter = this.queues.get(key)?.members.find((w) => w.owner === owner);
+    if (!waiter) return;
+    if (waiter.asleep) waiter.wake();
+    else waiter.pendingWake = true;
+  }
+
+  /** A read-write lock changed so that several waiters may get in: wake every waiter of `key`. */
+  notifyEveryone(key: string): void {
+    const queue = this.queues.get(key);
+    if (!queue) return;
+    for (const waiter of queue.members) {
+      if (waiter.asleep) waiter.wake();
+      else waiter.pendingWake = true;
+    }
+  }
+
+  /** Releases may have been missed (a reconnect): wake one waiter of every key so each retries. */
+  notifyAll(): void {
+    for (const key of [...this.queues.keys()]) this.notify(key);
+  }
+
+  /** How many waiters are queued (all keys). */
+  get size(): number {
+    let n = 0;
+    for (const q of this.queues.values()) n += q.members.length;
+    return n;
+  }
+
+  /** Keys with at least one waiter. */
+  keys(): string[] {
+    return [...this.queues.keys()];
+  }
+}
+
+interface KeyQueue {
+  members: Waiter[];
+  pendingWakes: number;
+}
+
+class Waiter implements ReleaseWatch {
+  private settle: ((how: 'released' | 'timeout' | 'aborted') => void) | undefined;
+  private closed = false;
+  /** A wake addressed to this waiter arrived while it was not asleep. */
+  pendingWake = false;
+
+  constructor(
+    readonly owner: string,
+    private readonly queue: KeyQueue,
+    readonly ready: Promise<void>,
+    private readonly leave: () => void,
+    private readonly wakeNext: () => void,
+  ) {}
+
+  get asleep(): boolean {
+    return this.settle !== undefined;
+  }
+
+  wake(): void {
+    this.settle?.('released');
+  }
+
+  sleep(timeoutMs: number, signal?: AbortSignal): Promise<'released' | 'timeout' | 'aborted'> {
+    if (signal?.aborted) return Promise.resolve('aborted');
+    if (this.pendingWake) {
+      this.pendingWake = false;
+      return Promise.resolve('released');
+    }
+    if (this.queue.pendingWakes > 0) {
+      this.queue.pendingWakes--;
+      return Promise.resolve('released');
+    }
+    return new Promise((resolve) => {
+      const onAbort = () => finish('aborted');
+      const timer = setTimeout(() => finish('timeout'), Math.max(0, Math.min(timeoutMs, 2_147_483_647)));
+      const finish = (how: 'released' | 'timeout' | 'aborted') => {
+        if (this.settle !== finish) return;
+        this.settle = undefined;
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        resolve(how);
+      };
+      this.settle = finish;
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  close(passWake = false): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.settle?.('aborted');
+    this.leave();
+    if (passWake) this.wakeNext();
+  }
+}
