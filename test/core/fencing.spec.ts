@@ -1,0 +1,68 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { Fixture } from '../support/children.js';
+import { FENCED_WRITE } from '../fixtures/fenced-write.js';
+import { RedisServer } from '../support/redis-server.js';
+import { aborted, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('fencing tokens', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('strictly increase over 1000 grants shared by 2 processes', async () => {
+    const children = [0, 1].map(() => new Fixture('token-grants', [redis.url, 'fence:shared', '500']));
+    try {
+      await Promise.all(children.map((c) => c.next('ready')));
+      for (const c of children) c.send({ type: 'go' });
+      await Promise.all(children.map((c) => c.next('done', undefined, 120_000)));
+    } finally {
+      await Promise.all(children.map((c) => c.stop()));
+    }
+    const tokens = (await raw.lrange('tokens', 0, -1)).map(Number);
+    expect(tokens).toHaveLength(1_000);
+    for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]!);
+  });
+
+  it('increase across a re-acquire after the lock key expired, and after the counter itself expired', async () => {
+    const first = await app.locks.acquire('fence:expiry', { leaseMs: 150 });
+    await aborted(first.signal); // the fixed lease ran out
+    const second = await app.locks.acquire('fence:expiry');
+    expect(second.fencingToken).toBeGreaterThan(first.fencingToken);
+    await second.release();
+    await raw.del('lock:{fence:expiry}:fence'); // what the counter's own expiry does
+    const third = await app.locks.acquire('fence:expiry');
+    expect(third.fencingToken).toBeGreaterThan(second.fencingToken);
+    await third.release();
+  });
+
+  it('let the resource reject a holder paused past its lease (SIGSTOP) and accept the newer holder', async () => {
+    const stale = new Fixture('fenced-holder', [redis.url, 'fence:paused', '600']);
+    try {
+      const { token: staleToken } = (await stale.next('holding')) as unknown as { token: number };
+      process.kill(stale.pid, 'SIGSTOP');
+      // The paused holder cannot renew; its lease runs out and we get the lock.
+      const newer = await app.locks.acquire('fence:paused', { waitMs: 10_000 });
+      expect(newer.fencingToken).toBeGreaterThan(staleToken);
+      expect(await raw.eval(FENCED_WRITE, 1, 'resource', String(newer.fencingToken), 'from-newer-holder')).toBe(1);
+      process.kill(stale.pid, 'SIGCONT');
+      stale.send({ type: 'write' });
+      const wrote = (await stale.next('wrote')) as unknown as { accepted: boolean; signalAborted: boolean };
+      expect(wrote.accepted).toBe(false);
+      expect(wrote.signalAborted).toBe(true);
+      expect(await raw.hget('resource', 'value')).toBe('from-newer-holder');
+      await newer.release();
+    } finally {
+      await stale.stop();
+    }
+  });
+});

@@ -1,0 +1,38 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { createHash } from 'node:crypto';
+import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
+import { RedisServer } from '../support/redis-server.js';
+import { startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('LockService.health()', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url, leaseMs: 3_000 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('is up with its held locks and no overdue renewal, and reloads scripts Redis forgot', async () => {
+    const lock = await app.locks.acquire('h:1');
+    await redis.client().script('FLUSH');
+    expect(await app.locks.health()).toEqual({ status: 'up', store: expect.stringMatching(/^redis 127\.0\.0\.1:\d+$/), heldLocks: 1, renewalOverdueMs: 0 });
+    const acquireSha = createHash('sha1').update(ACQUIRE).digest('hex');
+    expect(await redis.client().script('EXISTS', acquireSha)).toEqual([1]); // loaded again by the check
+    await lock.release();
+  });
+
+  it('is down, without throwing, while Redis is frozen, and up again afterwards', async () => {
+    redis.pause();
+    try {
+      const health = await app.locks.health(300);
+      expect(health).toMatchObject({ status: 'down', error: expect.stringMatching(/no answer .* within 300 ms/) });
+    } finally {
+      redis.resume();
+    }
+    expect((await app.locks.health()).status).toBe('up');
+  });
+});

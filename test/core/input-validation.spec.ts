@@ -1,0 +1,99 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { LockConfigurationError, LockKeyError, LockService, MAX_KEY_LENGTH } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('keys and per-call options are checked before Redis is touched', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  let raw: Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  const entryPoints: [string, (locks: LockService, key: unknown) => Promise<unknown>][] = [
+    ['acquire', (l, k) => l.acquire(k as string)],
+    ['tryAcquire', (l, k) => l.tryAcquire(k as string)],
+    ['run', (l, k) => l.run(k as string, () => 1)],
+    ['isLocked', (l, k) => l.isLocked(k as string)],
+    ['holdCount', (l, k) => l.holdCount(k as string)],
+    ['remainingTtl', (l, k) => l.remainingTtl(k as string)],
+    ['forceUnlock', (l, k) => l.forceUnlock(k as string)],
+  ];
+  const badKeys: [string, unknown, RegExp][] = [
+    ['empty', '', /must not be empty/],
+    ['a number', 42, /must be a string; got 42/],
+    ['undefined', undefined, /must be a string; got undefined/],
+    ['an object', { id: 1 }, /must be a string; got an object \(Object\)/],
+    ['too long', 'k'.repeat(MAX_KEY_LENGTH + 1), new RegExp(`at most ${MAX_KEY_LENGTH} characters; got ${MAX_KEY_LENGTH + 1}`)],
+    ['with braces', 'tenant:{7}', /contains "\{" or "\}"/],
+  ];
+
+  it.each(entryPoints.flatMap(([name, call]) => badKeys.map(([what, key, message]) => [name, what, call, key, message] as const)))(
+    '%s rejects a key that is %s with LockKeyError',
+    async (name, _what, call, key, message) => {
+      await raw.config('RESETSTAT');
+      const failure = await call(app.locks, key).then(() => new Error('accepted'), (e: unknown) => e);
+      expect(failure).toBeInstanceOf(LockKeyError);
+      expect((failure as Error).message).toMatch(new RegExp(`LockService\\.${name}\\(\\)`));
+      expect((failure as Error).message).toMatch(message);
+      expect(await raw.info('commandstats')).not.toMatch(/cmdstat_evalsha/);
+    },
+  );
+
+  it('accepts a key of exactly the maximum length', async () => {
+    const key = 'k'.repeat(MAX_KEY_LENGTH);
+    await app.locks.run(key, async () => expect(await app.locks.isLocked(key)).toBe(true));
+  });
+
+  it.each([
+    [{ waitMs: -1 }, 'waitMs', /got -1/],
+    [{ waitMs: 1.5 }, 'waitMs', /got 1.5/],
+    [{ leaseMs: 0 }, 'leaseMs', /from 100 .* got 0/],
+    [{ leaseMs: NaN }, 'leaseMs', /got NaN/],
+    [{ leaseMs: 3_000_000_000 }, 'leaseMs', /got 3000000000/],
+    [{ owner: '' }, 'owner', /non-empty string/],
+    [{ owner: 7 }, 'owner', /got 7/],
+    [{ signal: 'stop' }, 'signal', /must be an AbortSignal/],
+    [{ wait: 100 }, 'wait', /unknown option "wait"/],
+    [{ leasems: 100 }, 'leasems', /did you mean "leaseMs"/],
+  ])('acquire() rejects options %j with LockConfigurationError naming %s', async (options, option, message) => {
+    const failure = await app.locks.acquire('opts', options as never).then(() => new Error('accepted'), (e: unknown) => e);
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+    expect((failure as LockConfigurationError).option).toBe(option);
+    expect((failure as Error).message).toMatch(message);
+    expect(await app.locks.isLocked('opts')).toBe(false);
+  });
+
+  it('accepts waitMs: Infinity and rejects waitMs on tryAcquire', async () => {
+    const lock = await app.locks.acquire('inf', { waitMs: Infinity });
+    await lock.release();
+    await expect(app.locks.tryAcquire('inf', { waitMs: 5 } as never)).rejects.toThrow(/tryAcquire\(\) never waits/);
+  });
+
+  it('rejects a run() without a function, and extend() with a bad lease, holding nothing afterwards', async () => {
+    await expect(app.locks.run('nofn', undefined as never)).rejects.toBeInstanceOf(LockConfigurationError);
+    const lock = await app.locks.acquire('extend:bad');
+    await expect(lock.extend(10)).rejects.toThrow(/LockHandle\.extend\(\): leaseMs must be .* got 10/);
+    await expect(lock.extend(undefined as never)).rejects.toThrow(/got null/);
+    await lock.release();
+    await expect(lock.extend(1_000)).rejects.toThrow(/already released/);
+    expect(await app.locks.isLocked('extend:bad')).toBe(false);
+    expect(await app.locks.isLocked('nofn')).toBe(false);
+  });
+
+  it('extends a held lock and forceUnlock of a missing key is a no-op', async () => {
+    const lock = await app.locks.acquire('extend:ok', { leaseMs: 1_000 });
+    await lock.extend(20_000);
+    expect(await app.locks.remainingTtl('extend:ok')).toBeGreaterThan(19_000);
+    await lock.release();
+    expect(await app.locks.forceUnlock('never-locked')).toBe(false);
+  });
+});

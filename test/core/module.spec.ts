@@ -1,0 +1,205 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import {
+  LockBackendError,
+  LockConfigurationError,
+  LockLostError,
+  LockModule,
+  LockService,
+  type LockModuleOptions,
+  type LockOptionsFactory,
+} from '../../lib/index.js';
+import { CapturingLogger } from '../support/lock-testing.js';
+import { freePort, RedisServer } from '../support/redis-server.js';
+
+describe('LockModule', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('runs on the Nest and ioredis majors this run was started for', async () => {
+    const core = (await import('@nestjs/core/package.json', { with: { type: 'json' } })).default as { version: string };
+    const ioredis = (await import('ioredis/package.json', { with: { type: 'json' } })).default as { version: string };
+    const legacy = process.env.NEST_MAJOR === '11';
+    expect(core.version.split('.')[0]).toBe(legacy ? '11' : '12');
+    expect(ioredis.version.split('.')[0]).toBe(legacy ? '5' : '6');
+  });
+
+  const compile = (options: unknown) =>
+    Test.createTestingModule({ imports: [LockModule.forRoot(options as LockModuleOptions)] })
+      .setLogger(new CapturingLogger())
+      .compile();
+
+  it.each([
+    [{ leaseMs: -1 }, 'leaseMs', /leaseMs must be a whole number of milliseconds from 100 to 2147483647; got -1/],
+    [{ leaseMs: 50 }, 'leaseMs', /from 100 .* got 50/],
+    [{ leaseMs: 1.5 }, 'leaseMs', /got 1.5/],
+    [{ leaseMs: Infinity }, 'leaseMs', /got Infinity/],
+    [{ waitMs: NaN }, 'waitMs', /waitMs must be .* \(or Infinity to wait for ever\); got NaN/],
+    [{ waitMs: -5 }, 'waitMs', /got -5/],
+    [{ connectTimeoutMs: '1000' }, 'connectTimeoutMs', /got "1000"/],
+    [{ watchdog: 'yes' }, 'watchdog', /watchdog must be true or false; got "yes"/],
+    [{ keyPrefix: 'app:{x}:' }, 'keyPrefix', /without "\{" or "\}"/],
+    [{ keyPrefix: 7 }, 'keyPrefix', /keyPrefix must be a string; got 7/],
+    [{ redis: 6379 }, 'redis', /redis must be a redis:\/\/ URL, ioredis options, or an ioredis client; got 6379/],
+    [{ redis: 'http://127.0.0.1:6379' }, 'redis', /redis:\/\/ or rediss:\/\/ URL/],
+    [{ redis: { evalSha: () => 0, isOpen: true, duplicate: () => 0 } }, 'redis', /looks like a node-redis client/],
+    [{ redis: new Map() }, 'redis', /class Map that is not an ioredis client/],
+    [{ leaseMS: 1000 }, 'leaseMS', /unknown option "leaseMS" \(did you mean "leaseMs"\?\)/],
+    [{ ttl: 1000 }, 'ttl', /unknown option "ttl"\. Known options: store, redis, keyPrefix/],
+    [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],
+  ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
+    const failure = await compile(options).then(
+      () => new Error('bootstrap succeeded'),
+      (e: unknown) => e,
+    );
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+    expect((failure as LockConfigurationError).option).toBe(option);
+    expect((failure as Error).message).toMatch(message);
+  });
+
+  it('fails bootstrap with LockBackendError when Redis does not answer, and leaves nothing running', async () => {
+    const port = await freePort();
+    const moduleRef = await Test.createTestingModule({
+      imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300 })],
+    })
+      .setLogger(new CapturingLogger())
+      .compile();
+    const failure = await moduleRef.init().then(
+      () => new Error('init succeeded'),
+      (e: unknown) => e,
+    );
+    expect(failure).toBeInstanceOf(LockBackendError);
+    expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
+  });
+
+  it('starts without checking Redis when connectTimeoutMs is 0', async () => {
+    const port = await freePort();
+    const moduleRef = await Test.createTestingModule({
+      imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 0 })],
+    })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await moduleRef.init();
+    await moduleRef.close();
+  });
+
+  it('builds options with forRootAsync({ useFactory, inject, imports })', async () => {
+    @Injectable()
+    class Config {
+      readonly url = redis.url;
+    }
+    @Module({ providers: [Config], exports: [Config] })
+    class ConfigModule {}
+    const moduleRef = await Test.createTestingModule({
+      imports: [
+        LockModule.forRootAsync({
+          imports: [ConfigModule],
+          inject: [Config],
+          useFactory: async (config: Config) => ({ redis: config.url, keyPrefix: 'async:' }),
+        }),
+      ],
+    }).compile();
+    await moduleRef.init();
+    const locks = moduleRef.get(LockService);
+    await locks.run('f', async () => {
+      expect(await redis.client().exists('async:{f}')).toBe(1);
+    });
+    await moduleRef.close();
+  });
+
+  it('builds options with forRootAsync({ useClass }) and ({ useExisting })', async () => {
+    @Injectable()
+    class LockConfig implements LockOptionsFactory {
+      createLockOptions() {
+        return { redis: redis.url, keyPrefix: 'class:' };
+      }
+    }
+    @Module({ providers: [LockConfig], exports: [LockConfig] })
+    class LockConfigModule {}
+    for (const imports of [
+      [LockModule.forRootAsync({ useClass: LockConfig })],
+      [LockModule.forRootAsync({ imports: [LockConfigModule], useExisting: LockConfig })],
+    ]) {
+      const moduleRef = await Test.createTestingModule({ imports }).compile();
+      await moduleRef.init();
+      await moduleRef.get(LockService).run('c', async () => {
+        expect(await redis.client().exists('class:{c}')).toBe(1);
+      });
+      await moduleRef.close();
+    }
+  });
+
+  it('rejects forRootAsync without exactly one of useFactory, useClass, useExisting', () => {
+    expect(() => LockModule.forRootAsync({})).toThrow(/exactly one of useFactory, useClass or useExisting; got 0/);
+  });
+
+  it('fails bootstrap when forRootAsync produces bad options', async () => {
+    const failure = await Test.createTestingModule({
+      imports: [LockModule.forRootAsync({ useFactory: () => ({ waitMs: -1 }) })],
+    })
+      .setLogger(new CapturingLogger())
+      .compile()
+      .then(() => new Error('compiled'), (e: unknown) => e);
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+  });
+
+  it('is injectable everywhere with isGlobal', async () => {
+    @Injectable()
+    class Jobs {
+      constructor(readonly locks: LockService) {}
+    }
+    @Module({ providers: [Jobs] })
+    class JobsModule {}
+    const moduleRef = await Test.createTestingModule({
+      imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true }), JobsModule],
+    }).compile();
+    expect(moduleRef.get(Jobs).locks).toBe(moduleRef.get(LockService));
+    await moduleRef.close();
+  });
+
+  it('releases held locks at shutdown and closes the client it created', async () => {
+    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })] })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await moduleRef.init();
+    const locks = moduleRef.get(LockService);
+    const lock = await locks.acquire('shutdown:1');
+    const client = (locks as unknown as { store: { client: Redis } }).store.client;
+    await moduleRef.close();
+    expect(lock.signal.aborted).toBe(true);
+    expect((lock.signal.reason as LockLostError).reason).toBe('shutdown');
+    expect(await redis.client().exists('lock:{shutdown:1}')).toBe(0);
+    expect(client.status).toBe('end');
+    await expect(locks.acquire('shutdown:2')).rejects.toThrow(/the lock module has shut down/);
+  });
+
+  it('never closes a client the application passed in', async () => {
+    const own = new Redis(redis.url);
+    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own })] }).compile();
+    await moduleRef.init();
+    await moduleRef.get(LockService).run('byo', async () => undefined);
+    await moduleRef.close();
+    expect(await own.ping()).toBe('PONG');
+    await own.quit();
+  });
+
+  it('keeps two applications in one process apart: their locks contend', async () => {
+    const make = async () => {
+      const m = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })] }).compile();
+      await m.init();
+      return m;
+    };
+    const [a, b] = await Promise.all([make(), make()]);
+    const held = await a.get(LockService).acquire('apps:1');
+    expect(await b.get(LockService).tryAcquire('apps:1')).toBeNull();
+    await held.release();
+    await Promise.all([a.close(), b.close()]);
+  });
+});

@@ -1,0 +1,169 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import type { Redis } from 'ioredis';
+import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
+import { Fixture } from '../support/children.js';
+import { RedisServer } from '../support/redis-server.js';
+import { aborted, CapturingLogger, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('multi-key locks', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let app: LockApp;
+  let other: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url, leaseMs: 600 });
+    other = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await other?.close();
+    await redis?.stop();
+  });
+
+  const held = (...keys: string[]) => raw.exists(...keys.map((k) => `lock:{${k}}`));
+
+  it('takes every key, in canonical order, with one fencing token per key, and releases them all', async () => {
+    const group = await app.locks.acquire(['m:b', 'm:a', 'm:b']);
+    expect(group).toBeInstanceOf(LockGroup);
+    expect(group.keys).toEqual(['m:a', 'm:b']);
+    expect(Object.keys(group.fencingTokens)).toEqual(['m:a', 'm:b']);
+    expect(await held('m:a', 'm:b')).toBe(2);
+    await group.release();
+    expect(await held('m:a', 'm:b')).toBe(0);
+  });
+
+  it('is all or nothing: when one key is held elsewhere, none of the others stays held', async () => {
+    const blocker = await other.locks.acquire('m:3');
+    const failure = (await app.locks.acquire(['m:1', 'm:2', 'm:3'], { waitMs: 0 }).catch((e: unknown) => e)) as LockNotAcquiredError;
+    expect(failure).toBeInstanceOf(LockNotAcquiredError);
+    expect(failure.key).toBe('m:3');
+    expect(await held('m:1', 'm:2')).toBe(0);
+    expect(await app.locks.tryAcquire(['m:1', 'm:3'])).toBeNull();
+    await blocker.release();
+  });
+
+  it('rolls back a partially taken group on a store without an atomic multi-key step', async () => {
+    const store = (app.locks as unknown as { store: { acquireMany?: unknown } }).store;
+    const atomic = store.acquireMany;
+    store.acquireMany = undefined; // as on keys spread over Cluster slots: one key at a time
+    try {
+      const blocker = await other.locks.acquire('p:3');
+      const taken: string[] = [];
+      const subscription = app.locks.events$.subscribe((e) => e.type === 'acquired' && taken.push(e.key));
+      await expect(app.locks.acquire(['p:1', 'p:2', 'p:3'], { waitMs: 100 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      subscription.unsubscribe();
+      expect(taken).toEqual(['p:1', 'p:2']); // it did take the first two...
+      expect(await held('p:1', 'p:2')).toBe(0); // ...and gave them back
+      await blocker.release();
+      const group = await app.locks.acquire(['p:2', 'p:1']);
+      expect(group.keys).toEqual(['p:1', 'p:2']);
+      await group.release();
+    } finally {
+      store.acquireMany = atomic;
+    }
+  });
+
+  it('waits for a key held elsewhere and takes the whole group when it is released', async () => {
+    const blocker = await other.locks.acquire('w:2');
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'w:2');
+    const waiting = app.locks.acquire(['w:1', 'w:2'], { waitMs: 10_000 });
+    await contended;
+    expect(await held('w:1')).toBe(0); // nothing taken while waiting
+    await blocker.release();
+    const group = await waiting;
+    expect(group.isHeld).toBe(true);
+    await group.release();
+  });
+
+  it('re-enters keys the context already holds, and run() nests groups in single locks', async () => {
+    await app.locks.run('r:1', async () => {
+      await app.locks.run(['r:2', 'r:1'], async (group) => {
+        expect(group.handle('r:1')!.holdCount).toBe(2);
+        expect(group.handle('r:2')!.holdCount).toBe(1);
+        expect(app.locks.current('r:2')).toBe(group.handle('r:2'));
+        expect((await app.locks.acquire('r:2')).holdCount).toBe(2);
+      });
+      expect(await held('r:2')).toBe(1); // the nested acquire above was not released on purpose
+    });
+    await raw.del('lock:{r:2}');
+  });
+
+  it('renews every key and aborts the group\'s signal when any key is lost', async () => {
+    const group = await app.locks.acquire(['l:1', 'l:2']);
+    await nextEvent(app.locks.events$, 'renewed', (e) => e.key === 'l:2');
+    await raw.del('lock:{l:2}');
+    const reason = (await aborted(group.signal)) as LockLostError;
+    expect(reason.key).toBe('l:2');
+    expect(group.handle('l:1')!.isHeld).toBe(true);
+    await group.release();
+    expect(await held('l:1')).toBe(0);
+  });
+
+  it('refuses groups with a mode or fair, and empty groups', async () => {
+    await expect(app.locks.acquire(['a', 'b'], { mode: 'read' })).rejects.toThrow(/multi-key locks are exclusive/);
+    await expect(app.locks.acquire([])).rejects.toThrow(/at least one key/);
+    await expect(app.locks.acquire(['ok', 'bad{x}'])).rejects.toThrow(/contains "\{" or "\}"/);
+  });
+});
+
+describe('opposite-order transfers across processes', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('finishes 100 concurrent A->B and B->A transfers in 2 processes without deadlock, total unchanged', async () => {
+    const raw = redis.client();
+    await raw.mset('balance:A', 1_000, 'balance:B', 1_000);
+    const children = [0, 1].map(() => new Fixture('transfer-worker', [redis.url, '50']));
+    try {
+      await Promise.all(children.map((c) => c.next('ready')));
+      for (const c of children) c.send({ type: 'go' });
+      await Promise.all(children.map((c) => c.next('done', undefined, 60_000)));
+    } finally {
+      await Promise.all(children.map((c) => c.stop()));
+    }
+    const [a, b] = (await raw.mget('balance:A', 'balance:B')).map(Number);
+    expect(a! + b!).toBe(2_000);
+    // 50 each way: every transfer applied exactly once.
+    expect(a).toBe(1_000);
+  });
+});
+
+describe('@Locked with several keys', () => {
+  it('locks every account a transfer touches', async () => {
+    const redis = await RedisServer.start();
+    @Injectable()
+    class Transfers {
+      constructor(readonly locks: LockService) {}
+      @Locked(['account:<0>', 'account:<1>'])
+      async transfer(from: string, to: string) {
+        return [this.locks.current('account:' + from)?.key, this.locks.current('account:' + to)?.key];
+      }
+    }
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
+    class TransfersModule {}
+    const moduleRef = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
+    await moduleRef.init();
+    try {
+      const transfers = moduleRef.get(Transfers);
+      expect(await transfers.transfer('9', '3')).toEqual(['account:9', 'account:3']);
+      const locks = moduleRef.get(LockService);
+      const blocker = await locks.acquire('account:3', { owner: 'someone-else' });
+      const skipped = transfers.transfer('3', '4');
+      await nextEvent(locks.events$, 'contended', (e) => e.key === 'account:3');
+      await blocker.release();
+      expect(await skipped).toEqual(['account:3', 'account:4']);
+    } finally {
+      await moduleRef.close();
+      await redis.stop();
+    }
+  });
+});

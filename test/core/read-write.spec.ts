@@ -1,0 +1,231 @@
+import { AsyncResource } from 'node:async_hooks';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import type { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { Locked, LockModule, LockNotAcquiredError, LockService, LockUpgradeError, type LockLostError } from '../../lib/index.js';
+import { Fixture } from '../support/children.js';
+import { RedisServer } from '../support/redis-server.js';
+import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('read-write locks', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url, waitMs: 5_000, leaseMs: 600, fairQueueTimeoutMs: 1_000 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  // Another context, even when called from inside a run() callback.
+  const outside = new AsyncResource('another-context');
+  const elsewhere = <T>(fn: () => Promise<T>) => outside.runInAsyncScope(fn);
+  const canRead = (key: string) => elsewhere(async () => { const h = await app.locks.tryAcquire(key, { mode: 'read' }); await h?.release(); return h !== null; });
+  const canWrite = (key: string) => elsewhere(async () => { const h = await app.locks.tryAcquire(key, { mode: 'write' }); await h?.release(); return h !== null; });
+
+  it('lets many readers in at once and keeps the writer out until the last one leaves', async () => {
+    const a = await app.locks.readLock('rw:1');
+    const b = await app.locks.readLock('rw:1');
+    expect(await raw.hgetall('lock:{rw:1}')).toEqual({ ':mode': 'read', [`${a.owner}:read`]: '1', [`${b.owner}:read`]: '1' });
+    expect(await canWrite('rw:1')).toBe(false);
+    expect(await app.locks.tryAcquire('rw:1')).toBeNull(); // a plain exclusive lock is kept out too
+    await a.release();
+    expect(await canWrite('rw:1')).toBe(false);
+    await b.release();
+    expect(await raw.exists('lock:{rw:1}')).toBe(0);
+    expect(await canWrite('rw:1')).toBe(true);
+  });
+
+  it('keeps readers and other writers out while a writer holds the lock', async () => {
+    const w = await app.locks.writeLock('rw:2');
+    expect(await canRead('rw:2')).toBe(false);
+    expect(await canWrite('rw:2')).toBe(false);
+    await w.release();
+    expect(await canRead('rw:2')).toBe(true);
+  });
+
+  it('is reentrant on both sides, and lets a writer read (downgrade)', async () => {
+    await app.locks.run('rw:3', async (outer) => {
+      const again = await app.locks.writeLock('rw:3');
+      expect(again.holdCount).toBe(2);
+      const read = await app.locks.readLock('rw:3'); // downgrade
+      expect(read.holdCount).toBe(1);
+      expect(await canRead('rw:3')).toBe(false); // still a writer inside
+      await again.release();
+      expect(outer.isHeld).toBe(true);
+      await read.release();
+    }, { mode: 'write' });
+    await app.locks.run('rw:3', async () => {
+      const nested = await app.locks.readLock('rw:3');
+      expect(nested.holdCount).toBe(2);
+      expect(await canRead('rw:3')).toBe(true);
+      await nested.release();
+    }, { mode: 'read' });
+    expect(await raw.exists('lock:{rw:3}')).toBe(0);
+  });
+
+  it('turns a writer that keeps a read hold into a reader when it releases the write side', async () => {
+    const w = await app.locks.writeLock('rw:4');
+    const r = await w.run(() => app.locks.readLock('rw:4'));
+    await w.release();
+    expect(await raw.hget('lock:{rw:4}', ':mode')).toBe('read');
+    expect(await canRead('rw:4')).toBe(true);
+    expect(await canWrite('rw:4')).toBe(false);
+    await r.release();
+    expect(await raw.exists('lock:{rw:4}')).toBe(0);
+  });
+
+  it('refuses a reader\'s request for the write side at once, instead of deadlocking', async () => {
+    await app.locks.run('rw:5', async () => {
+      const started = performance.now();
+      await expect(app.locks.writeLock('rw:5', { waitMs: 10_000 })).rejects.toBeInstanceOf(LockUpgradeError);
+      expect(performance.now() - started).toBeLessThan(500);
+    }, { mode: 'read' });
+    expect(await raw.exists('lock:{rw:5}', 'lock:{rw:5}:writers')).toBe(0);
+  });
+
+  it('wakes every waiting reader when the writer releases', async () => {
+    const w = await app.locks.writeLock('rw:6');
+    const allInside = gate();
+    let inside = 0;
+    const contended = nextEvents(app.locks.events$, 'contended', 5);
+    const readers = Array.from({ length: 5 }, () =>
+      app.locks.run('rw:6', async () => {
+        if (++inside === 5) allInside.open();
+        await allInside.promise; // every reader holds the lock at the same time
+      }, { mode: 'read' }),
+    );
+    await contended;
+    await w.release();
+    await Promise.all(readers);
+    expect(inside).toBe(5);
+  });
+
+  it('does not let a steady stream of readers starve a writer', async () => {
+    let stop = false;
+    let reads = 0;
+    // Four readers that overlap all the time: there is never a moment without a reader.
+    const readers = Array.from({ length: 4 }, (_, i) =>
+      (async () => {
+        await new Promise((r) => setTimeout(r, i * 5));
+        while (!stop) {
+          await app.locks.run('rw:7', async () => {
+            reads++;
+            await new Promise((r) => setTimeout(r, 20));
+          }, { mode: 'read', waitMs: 10_000 });
+        }
+      })(),
+    );
+    await nextEvents(app.locks.events$, 'acquired', 8);
+    const started = performance.now();
+    const writer = await app.locks.writeLock('rw:7', { waitMs: 5_000 });
+    const waited = performance.now() - started;
+    const readsWhileWriting = reads;
+    await new Promise((r) => setTimeout(r, 50));
+    expect(reads).toBe(readsWhileWriting); // no reader got in while the writer held it
+    await writer.release();
+    stop = true;
+    await Promise.all(readers);
+    expect(waited).toBeLessThan(1_000);
+  });
+
+  it('removes a writer that gave up from the waiting writers, letting readers in again', async () => {
+    const r = await app.locks.readLock('rw:8');
+    await expect(elsewhere(() => app.locks.writeLock('rw:8', { waitMs: 100 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
+    expect(await raw.zcard('lock:{rw:8}:writers')).toBe(0);
+    expect(await canRead('rw:8')).toBe(true);
+    await r.release();
+  });
+
+  it('renews both sides and signals their loss', async () => {
+    const reader = await app.locks.readLock('rw:9');
+    const renewed = await nextEvents(app.locks.events$, 'renewed', 4);
+    expect(renewed.every((e) => e.key === 'rw:9')).toBe(true);
+    await raw.del('lock:{rw:9}');
+    expect(((await aborted(reader.signal)) as LockLostError).reason).toBe('taken');
+    const writer = await app.locks.writeLock('rw:9');
+    await raw.del('lock:{rw:9}');
+    expect(((await aborted(writer.signal)) as LockLostError).reason).toBe('taken');
+  });
+
+  it('rejects fair mode for read-write locks', async () => {
+    await expect(app.locks.acquire('rw:10', { mode: 'read', fair: true })).rejects.toThrow(/fair mode is for exclusive locks/);
+    await expect(app.locks.acquire('rw:10', { mode: 'upgrade' as never })).rejects.toThrow(/mode must be 'read' or 'write'/);
+  });
+});
+
+describe('read-write locks across processes', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  const race = async (mode: 'locked' | 'unlocked') => {
+    const children = [0, 1].map(() => new Fixture('rw-worker', [redis.url, '1', '3', '40', mode]));
+    try {
+      await Promise.all(children.map((c) => c.next('ready')));
+      for (const c of children) c.send({ type: 'go' });
+      const done = await Promise.all(children.map((c) => c.next('done', undefined, 120_000)));
+      return done.reduce((t, d) => ({ mismatches: t.mismatches + Number(d.mismatches), overlaps: t.overlaps + Number(d.overlaps) }), { mismatches: 0, overlaps: 0 });
+    } finally {
+      await Promise.all(children.map((c) => c.stop()));
+    }
+  };
+
+  it('never shows a reader a half-written value, and keeps writers exclusive (2 processes x 1 writer + 3 readers)', async () => {
+    expect(await race('locked')).toEqual({ mismatches: 0, overlaps: 0 });
+  });
+
+  it('shows half-written values without the lock (the test above can catch a violation)', async () => {
+    const result = await race('unlocked');
+    expect(result.mismatches + result.overlaps).toBeGreaterThan(0);
+  });
+});
+
+describe('@Locked read and write sides', () => {
+  it('takes the side the decorator names', async () => {
+    const redis = await RedisServer.start();
+    @Injectable()
+    class Docs {
+      constructor(readonly locks: LockService) {}
+      @Locked('doc:<0>', { mode: 'read' })
+      async read(id: string) {
+        return this.locks.current()?.key;
+      }
+      @Locked('doc:<0>', { mode: 'write' })
+      async write(id: string) {
+        return this.read(id); // a writer may read
+      }
+    }
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Docs] })
+    class DocsModule {}
+    const moduleRef = await Test.createTestingModule({ imports: [DocsModule] }).setLogger(new CapturingLogger()).compile();
+    await moduleRef.init();
+    try {
+      const docs = moduleRef.get(Docs);
+      const acquired = nextEvent(moduleRef.get(LockService).events$, 'acquired');
+      expect(await docs.write('d1')).toBe('doc:d1');
+      await acquired;
+      expect(await Promise.all([docs.read('d2'), docs.read('d2')])).toEqual(['doc:d2', 'doc:d2']);
+      expect(() => {
+        class Bad {
+          @Locked('x', { mode: 'exclusive' as never })
+          async run() {}
+        }
+        return Bad;
+      }).toThrow(/mode must be 'read' or 'write'/);
+    } finally {
+      await moduleRef.close();
+      await redis.stop();
+    }
+  });
+});

@@ -1,0 +1,160 @@
+import { AsyncResource } from 'node:async_hooks';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { LockHandle, LockNotAcquiredError } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { gate, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+describe('owners and reentrancy', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url, waitMs: 200 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  // Created outside any lock context: code run in its scope is another context, even when called
+  // from inside a run() callback.
+  const outside = new AsyncResource('another-context');
+  const otherContextGetsIt = (key: string) =>
+    outside.runInAsyncScope(async () => {
+      const other = await app.locks.tryAcquire(key);
+      await other?.release();
+      return other !== null;
+    });
+
+  it('re-enters inside one context: hold count 2, released only by the outer release', async () => {
+    const key = 'reentrant:1';
+    await app.locks.run(key, async (outer) => {
+      expect(outer.holdCount).toBe(1);
+      const inner = await app.locks.acquire(key);
+      expect(inner.holdCount).toBe(2);
+      expect(await app.locks.holdCount(key)).toBe(2);
+      expect(inner.fencingToken).toBe(outer.fencingToken);
+      expect(await otherContextGetsIt(key)).toBe(false);
+      await inner.release();
+      expect(await app.locks.holdCount(key)).toBe(1);
+      expect(await app.locks.isLocked(key)).toBe(true);
+      expect(await otherContextGetsIt(key)).toBe(false);
+    });
+    expect(await app.locks.isLocked(key)).toBe(false);
+    expect(await otherContextGetsIt(key)).toBe(true);
+  });
+
+  it('re-enters however deep in awaits and timers the nested call is', async () => {
+    const key = 'reentrant:deep';
+    await app.locks.run(key, async () => {
+      const nested = await new Promise<LockHandle>((resolve, reject) =>
+        setTimeout(() => {
+          Promise.resolve()
+            .then(() => new Promise((r) => setImmediate(r)))
+            .then(() => app.locks.acquire(key, { waitMs: 0 }))
+            .then(resolve, reject);
+        }, 5),
+      );
+      expect(nested.holdCount).toBe(2);
+      await nested.release();
+    });
+  });
+
+  it('runs run() inside run() on the same key', async () => {
+    const key = 'reentrant:run';
+    const result = await app.locks.run(key, () => app.locks.run(key, async (inner) => inner.holdCount));
+    expect(result).toBe(2);
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('keeps two concurrent contexts in one process apart: the second waits for the first', async () => {
+    const key = 'contend:1';
+    const firstHolds = gate();
+    const finishFirst = gate();
+    const order: string[] = [];
+    const first = app.locks.run(key, async () => {
+      order.push('first in');
+      firstHolds.open();
+      await finishFirst.promise;
+      order.push('first out');
+    });
+    await firstHolds.promise;
+    const second = app.locks.run(key, async () => order.push('second in'), { waitMs: 10_000 });
+    // The second context is refused while the first holds the key.
+    await expect(app.locks.acquire(key, { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    finishFirst.open();
+    await Promise.all([first, second]);
+    expect(order).toEqual(['first in', 'first out', 'second in']);
+  });
+
+  it('treats bare acquire() calls outside any context as different owners', async () => {
+    const key = 'contend:bare';
+    const a = await app.locks.acquire(key);
+    await expect(app.locks.acquire(key, { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    // handle.run() enters the handle's context, where the key re-enters.
+    const nestedCount = await a.run(() => app.locks.run(key, async (h) => h.holdCount));
+    expect(nestedCount).toBe(2);
+    await a.release();
+  });
+
+  it('lets an owner token shared on purpose re-enter, and keeps other owners out', async () => {
+    const key = 'token:1';
+    const a = await app.locks.acquire(key, { owner: 'job-7' });
+    const b = await app.locks.acquire(key, { owner: 'job-7', waitMs: 0 });
+    expect(b.holdCount).toBe(2);
+    expect(await app.locks.tryAcquire(key, { owner: 'job-8' })).toBeNull();
+    expect(await app.locks.holdCount(key, { owner: 'job-7' })).toBe(2);
+    await a.release();
+    expect(await app.locks.isLocked(key)).toBe(true);
+    await b.release();
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('hands a lock to another process through an owner token', async () => {
+    const key = 'token:handover';
+    const second = await startLockApp({ redis: redis.url });
+    try {
+      const a = await app.locks.acquire(key, { owner: 'transfer-1' });
+      const b = await second.locks.acquire(key, { owner: 'transfer-1', waitMs: 0 });
+      expect(b.holdCount).toBe(2);
+      await a.release();
+      expect(await second.locks.holdCount(key, { owner: 'transfer-1' })).toBe(1);
+      await b.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await second.close();
+    }
+  });
+
+  it('gives current() the innermost lock of the context', async () => {
+    expect(app.locks.current()).toBeUndefined();
+    await app.locks.run('outer:c', async (outer) => {
+      expect(app.locks.current()).toBe(outer);
+      await app.locks.run('inner:c', async (inner) => {
+        expect(app.locks.current()).toBe(inner);
+        expect(app.locks.current('outer:c')).toBe(outer);
+      });
+      expect(app.locks.current()).toBe(outer);
+    });
+    expect(app.locks.current()).toBeUndefined();
+  });
+
+  it('returns run()\'s value and rethrows its error unchanged, releasing either way', async () => {
+    const key = 'run:outcome';
+    await expect(app.locks.run(key, async () => 42)).resolves.toBe(42);
+    const failure = new RangeError('business rule');
+    await expect(app.locks.run(key, async () => { throw failure; })).rejects.toBe(failure);
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('release() is idempotent: a second call changes nothing', async () => {
+    const key = 'release:twice';
+    await app.locks.run(key, async () => {
+      const inner = await app.locks.acquire(key);
+      await inner.release();
+      await inner.release();
+      expect(await app.locks.holdCount(key)).toBe(1);
+    });
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+});

@@ -1,0 +1,138 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { performance } from 'node:perf_hooks';
+import { LockLostError } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { aborted, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+const LEASE = 600; // renewed every 200 ms
+
+describe('renewal and loss', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url, leaseMs: LEASE });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('ends a fixed lease: the signal aborts with lease-expired and the key is free', async () => {
+    const started = performance.now();
+    const lock = await app.locks.acquire('fixed:1', { leaseMs: 300 });
+    const reason = await aborted(lock.signal);
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect((reason as LockLostError).reason).toBe('lease-expired');
+    expect(performance.now() - started).toBeGreaterThanOrEqual(300);
+    expect(await app.locks.isLocked('fixed:1')).toBe(false);
+    // Release after a loss is a documented no-op; extend after a loss rejects with the loss.
+    await expect(lock.release()).resolves.toBeUndefined();
+    await expect(lock.extend(1_000)).rejects.toBe(reason);
+  });
+
+  it('keeps a watchdog lock alive for more than 3 leases of real time', async () => {
+    const started = performance.now();
+    const renewed = nextEvents(app.locks.events$, 'renewed', 12, 20_000);
+    const lock = await app.locks.acquire('watched:1');
+    const events = await renewed;
+    expect(events.every((e) => e.key === 'watched:1')).toBe(true);
+    expect(performance.now() - started).toBeGreaterThan(3 * LEASE);
+    expect(lock.signal.aborted).toBe(false);
+    expect(await app.locks.tryAcquire('watched:1', { owner: 'intruder' })).toBeNull();
+    const ttl = await app.locks.remainingTtl('watched:1');
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(LEASE);
+    await lock.release();
+    expect(await app.locks.isLocked('watched:1')).toBe(false);
+  });
+
+  it('aborts the signal within one renewal period when the key is deleted behind its back', async () => {
+    const raw = redis.client();
+    const lock = await app.locks.acquire('deleted:1');
+    const warnings = app.logger.at('warn').length;
+    const deletedAt = performance.now();
+    await raw.del('lock:{deleted:1}');
+    const reason = (await aborted(lock.signal)) as LockLostError;
+    expect(reason.reason).toBe('taken');
+    expect(performance.now() - deletedAt).toBeLessThan(LEASE / 3 + 250);
+    expect(app.logger.at('warn').slice(warnings)).toEqual([expect.stringContaining('Lock "deleted:1" was lost')]);
+  });
+
+  it('aborts when another owner took the key over, and leaves the new owner alone', async () => {
+    const raw = redis.client();
+    const lock = await app.locks.acquire('taken:1');
+    const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'taken:1');
+    await raw.multi().del('lock:{taken:1}').hset('lock:{taken:1}', 'someone-else', '1').pexpire('lock:{taken:1}', 10_000).exec();
+    expect((await lost).reason).toBe('taken');
+    expect(lock.signal.aborted).toBe(true);
+    await lock.release();
+    expect(await raw.hgetall('lock:{taken:1}')).toEqual({ 'someone-else': '1' });
+    expect(await raw.pttl('lock:{taken:1}')).toBeGreaterThan(9_000);
+  });
+
+  it('signals loss when the event loop was blocked past the lease, without crashing', async () => {
+    const lock = await app.locks.acquire('blocked:1', { leaseMs: 300, watchdog: true });
+    const until = performance.now() + 500;
+    while (performance.now() < until) {
+      /* a synchronous CPU hog longer than the lease */
+    }
+    const reason = (await aborted(lock.signal)) as LockLostError;
+    expect(reason.reason).toBe('lease-expired');
+  });
+
+  it('renews many held locks in a few batched calls per period, not one call per lock', async () => {
+    const raw = redis.client();
+    const keys = Array.from({ length: 1_200 }, (_, i) => `many:${i}`);
+    const handles = await Promise.all(keys.map((k) => app.locks.acquire(k, { leaseMs: 3_000, watchdog: true })));
+    await raw.config('RESETSTAT');
+    const renewed = await nextEvents(app.locks.events$, 'renewed', keys.length, 10_000);
+    expect(new Set(renewed.map((e) => e.key)).size).toBe(keys.length);
+    const stats = await raw.info('commandstats');
+    const calls = Number(/cmdstat_evalsha:calls=(\d+)/.exec(stats)?.[1] ?? 0) + Number(/cmdstat_eval:calls=(\d+)/.exec(stats)?.[1] ?? 0);
+    // 1200 locks, 500 per script call: 3 calls per batch; acquisitions spread over time may split a period into 2 batches.
+    expect(calls).toBeLessThanOrEqual(6);
+    await Promise.all(handles.map((h) => h.release()));
+  });
+});
+
+describe('Redis failures mid-hold', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url, leaseMs: LEASE });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('signals loss by the local lease deadline when Redis is killed, and works again once it is back', async () => {
+    const lock = await app.locks.acquire('outage:1');
+    const killedAt = performance.now();
+    await redis.kill();
+    const reason = (await aborted(lock.signal)) as LockLostError;
+    expect(reason.reason).toBe('lease-expired');
+    expect(performance.now() - killedAt).toBeLessThan(LEASE + 300);
+    await redis.launch();
+    const again = await app.locks.acquire('outage:1', { waitMs: 10_000 });
+    expect(again.holdCount).toBe(1);
+    expect(await app.locks.isLocked('outage:1')).toBe(true);
+    await again.release();
+  });
+
+  it('signals loss when Redis freezes (SIGSTOP) past the lease, and recovers on SIGCONT', async () => {
+    const lock = await app.locks.acquire('frozen:1');
+    redis.pause();
+    try {
+      const reason = (await aborted(lock.signal)) as LockLostError;
+      expect(reason.reason).toBe('lease-expired');
+    } finally {
+      redis.resume();
+    }
+    const again = await app.locks.acquire('frozen:1', { waitMs: 10_000 });
+    await again.release();
+    expect(await app.locks.isLocked('frozen:1')).toBe(false);
+  });
+});

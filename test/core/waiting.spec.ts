@@ -1,0 +1,114 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { LockNotAcquiredError } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+const scriptCalls = async (raw: Redis) => {
+  const stats = await raw.info('commandstats');
+  return ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+};
+
+describe('waiting for a held lock', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  let other: LockApp;
+  let raw: Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url });
+    other = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await other?.close();
+    await redis?.stop();
+  });
+
+  const waitState = (a: LockApp) => (a.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store.waitState;
+
+  it('sleeps until the release instead of polling, and wakes on it', async () => {
+    const holder = await other.locks.acquire('sleep:1');
+    await raw.config('RESETSTAT');
+    const contended = nextEvent(app.locks.events$, 'contended');
+    const waiting = app.locks.acquire('sleep:1', { waitMs: 60_000 });
+    await contended;
+    // Hold for a while; a polling waiter would call Redis every few milliseconds meanwhile.
+    await new Promise((r) => setTimeout(r, 500));
+    const releasedAt = performance.now();
+    await holder.release();
+    const lock = await waiting;
+    const handoffMs = performance.now() - releasedAt;
+    // The holder's lease is 30 s: only the release message can explain a wake-up this fast.
+    expect(handoffMs).toBeLessThan(1_000);
+    // attempt, attempt once subscribed, the holder's release, the attempt after the wake-up
+    expect(await scriptCalls(raw)).toBeLessThanOrEqual(4);
+    await lock.release();
+    expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
+  });
+
+  it('gives up after waitMs with LockNotAcquiredError carrying the holder\'s remaining lease', async () => {
+    const holder = await other.locks.acquire('timeout:1', { leaseMs: 5_000 });
+    const started = performance.now();
+    const failure = (await app.locks.acquire('timeout:1', { waitMs: 300 }).catch((e: unknown) => e)) as LockNotAcquiredError;
+    expect(failure).toBeInstanceOf(LockNotAcquiredError);
+    expect(failure.reason).toBe('timeout');
+    expect(failure.key).toBe('timeout:1');
+    expect(failure.waitedMs).toBeGreaterThanOrEqual(300);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(300);
+    expect(failure.retryAfterMs).toBeGreaterThan(4_000);
+    expect(failure.retryAfterMs).toBeLessThanOrEqual(5_000);
+    expect(failure.message).toMatch(/Lock "timeout:1" is held by another owner; gave up after waiting \d+ ms\. The holder's lease ends in \d+ ms/);
+    expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
+    await holder.release();
+  });
+
+  it('makes one attempt with waitMs 0 and tryAcquire', async () => {
+    const holder = await other.locks.acquire('once:1');
+    const failure = (await app.locks.acquire('once:1', { waitMs: 0 }).catch((e: unknown) => e)) as LockNotAcquiredError;
+    expect(failure.reason).toBe('contended');
+    expect(await app.locks.tryAcquire('once:1')).toBeNull();
+    await holder.release();
+    const mine = await app.locks.tryAcquire('once:1');
+    expect(mine?.holdCount).toBe(1);
+    await mine?.release();
+  });
+
+  it('stops an aborted wait at once and leaves no subscription or waiter behind', async () => {
+    const holder = await other.locks.acquire('abort:1');
+    const controller = new AbortController();
+    const contended = nextEvent(app.locks.events$, 'contended');
+    const waiting = app.locks.acquire('abort:1', { waitMs: 60_000, signal: controller.signal });
+    await contended;
+    const abortedAt = performance.now();
+    controller.abort(new Error('user went away'));
+    await expect(waiting).rejects.toThrow('user went away');
+    expect(performance.now() - abortedAt).toBeLessThan(100);
+    expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
+    expect(await raw.keys('lock:{abort:1}*')).toEqual(expect.arrayContaining(['lock:{abort:1}']));
+    expect(await raw.hgetall('lock:{abort:1}')).toEqual({ [holder.owner]: '1' });
+    await holder.release();
+  });
+
+  it('rejects at once when the signal is already aborted', async () => {
+    await expect(app.locks.acquire('abort:2', { signal: AbortSignal.abort(new Error('too late')) })).rejects.toThrow('too late');
+    expect(await app.locks.isLocked('abort:2')).toBe(false);
+  });
+
+  it('serves every waiter in turn, each holding the lock alone', async () => {
+    const holder = await other.locks.acquire('queue:1');
+    const order: number[] = [];
+    const waiters = [0, 1, 2].map((i) =>
+      app.locks.run('queue:1', async () => {
+        order.push(i);
+        expect(await app.locks.holdCount('queue:1')).toBe(1);
+      }, { waitMs: 30_000 }),
+    );
+    await new Promise((r) => setImmediate(r));
+    await holder.release();
+    await Promise.all(waiters);
+    expect(order.sort()).toEqual([0, 1, 2]);
+  });
+});

@@ -1,0 +1,262 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import {
+  Body,
+  Controller,
+  Get,
+  Injectable,
+  Module,
+  NotFoundException,
+  Param,
+  ParseIntPipe,
+  Post,
+  Sse,
+  type INestApplication,
+  type PipeTransform,
+} from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { interval, map, type Observable } from 'rxjs';
+import { Locked, LockModule, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
+
+class TransferDto {
+  constructor(
+    readonly from: string,
+    readonly to: string,
+  ) {}
+}
+/** A transforming pipe: the handler receives a TransferDto built from the raw body. */
+class ToTransfer implements PipeTransform {
+  transform(body: { source: string; target: string }) {
+    return new TransferDto(body.source.toUpperCase(), body.target.toUpperCase());
+  }
+}
+
+const holding = new Map<string, { entered: () => void; release: Promise<void> }>();
+
+@Injectable()
+class Inventory {
+  constructor(readonly locks: LockService) {}
+
+  @Locked('item:<0>')
+  async reserve(id: number) {
+    return { holdCount: this.locks.current()?.holdCount, key: this.locks.current()?.key };
+  }
+}
+
+@Controller('items')
+class ItemsController {
+  constructor(
+    private readonly inventory: Inventory,
+    private readonly locks: LockService,
+  ) {}
+
+  // @Locked below the route decorator
+  @Get(':id')
+  @Locked('item:<0>')
+  async get(@Param('id', ParseIntPipe) id: number) {
+    const wait = holding.get(`item:${id}`);
+    if (wait) {
+      wait.entered();
+      await wait.release;
+    }
+    return { id, key: this.locks.current()?.key, nested: await this.inventory.reserve(id) };
+  }
+
+  // @Locked above the route decorator
+  @Locked('transfer:<0.from>:<0.to>')
+  @Post('transfer')
+  async transfer(@Body(new ToTransfer()) dto: TransferDto) {
+    return { key: this.locks.current()?.key };
+  }
+
+  @Get(':id/missing')
+  @Locked('item:<0>')
+  async missing(@Param('id') id: string) {
+    throw new NotFoundException(`item ${id} does not exist`);
+  }
+
+  @Locked('item:<0>', { onContention: 'fail' })
+  @Get(':id/fail')
+  async failFast(@Param('id') id: string) {
+    return { id };
+  }
+
+  @Sse(':id/stream')
+  @Locked('stream:<0>')
+  stream(@Param('id') id: string): Observable<{ data: number }> {
+    return interval(20).pipe(map((n) => ({ data: n })));
+  }
+}
+
+@Module({
+  imports: [],
+  controllers: [ItemsController],
+  providers: [Inventory],
+})
+class ItemsModule {}
+
+for (const platform of ['express', 'fastify'] as const) {
+  describe(`@Locked on HTTP controllers (${platform})`, () => {
+    let redis: RedisServer;
+    let app: INestApplication;
+    let url: string;
+    let locks: LockService;
+    beforeAll(async () => {
+      redis = await RedisServer.start();
+      @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true, waitMs: 300 }), ItemsModule] })
+      class AppModule {}
+      app =
+        platform === 'express'
+          ? await NestFactory.create(AppModule, { logger: new CapturingLogger() })
+          : await NestFactory.create(AppModule, new FastifyAdapter(), { logger: new CapturingLogger() });
+      await app.listen(0, '127.0.0.1');
+      url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+      locks = app.get(LockService);
+    });
+    afterAll(async () => {
+      await app?.close();
+      await redis?.stop();
+    });
+
+    it('registers routes whichever side of the route decorator @Locked sits', async () => {
+      expect((await fetch(`${url}/items/7`)).status).toBe(200);
+      expect((await fetch(`${url}/items/transfer`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"source":"a","target":"b"}' })).status).toBe(201);
+    });
+
+    it('builds the key from the arguments after pipes (ParseIntPipe) and re-enters in nested locked calls', async () => {
+      const acquired = nextEvent(locks.events$, 'acquired', (e) => e.key.startsWith('item:'));
+      const body = await (await fetch(`${url}/items/0042`)).json();
+      expect((await acquired).key).toBe('item:42');
+      expect(body).toEqual({ id: 42, key: 'item:42', nested: { holdCount: 2, key: 'item:42' } });
+    });
+
+    it('builds the key from a transformed DTO through a property path', async () => {
+      const res = await fetch(`${url}/items/transfer`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ source: 'acc:1', target: 'acc:2' }),
+      });
+      // The pipe upper-cased the values; ':' inside a value is encoded.
+      expect(await res.json()).toEqual({ key: 'transfer:ACC%3A1:ACC%3A2' });
+    });
+
+    it('answers 409 with Retry-After and a body naming the lock while another owner holds it', async () => {
+      const holder = await locks.acquire('item:5', { leaseMs: 4_000 });
+      const res = await fetch(`${url}/items/5`);
+      expect(res.status).toBe(409);
+      const retryAfter = Number(res.headers.get('retry-after'));
+      expect(retryAfter).toBeGreaterThanOrEqual(3);
+      expect(retryAfter).toBeLessThanOrEqual(4);
+      const body = (await res.json()) as Record<string, unknown>;
+      expect(body).toMatchObject({ statusCode: 409, error: 'Conflict', code: 'LOCK_NOT_ACQUIRED', key: 'item:5', retryAfterMs: expect.any(Number) });
+      expect(body.message).toMatch(/Lock "item:5" is held by another owner/);
+      await holder.release();
+      expect((await fetch(`${url}/items/5`)).status).toBe(200);
+    });
+
+    it('makes two concurrent requests for one key contend, and serves both in turn', async () => {
+      const entered = gate();
+      const finish = gate();
+      holding.set('item:9', { entered: entered.open, release: finish.promise });
+      const first = fetch(`${url}/items/9`);
+      await entered.promise;
+      holding.delete('item:9');
+      const contended = nextEvent(locks.events$, 'contended', (e) => e.key === 'item:9');
+      const second = fetch(`${url}/items/9`);
+      await contended;
+      finish.open();
+      expect((await first).status).toBe(200);
+      expect((await second).status).toBe(200);
+    });
+
+    it('fails at once with onContention: fail', async () => {
+      const holder = await locks.acquire('item:6');
+      const started = performance.now();
+      const res = await fetch(`${url}/items/6/fail`);
+      expect(res.status).toBe(409);
+      expect(performance.now() - started).toBeLessThan(250);
+      await holder.release();
+    });
+
+    it('passes the handler\'s own exceptions through unchanged', async () => {
+      const res = await fetch(`${url}/items/3/missing`);
+      expect(res.status).toBe(404);
+      expect(((await res.json()) as { message: string }).message).toBe('item 3 does not exist');
+      expect(await locks.isLocked('item:3')).toBe(false);
+    });
+
+    it('holds the lock while a stream is open and releases it when the client goes away', async () => {
+      const acquired = nextEvent(locks.events$, 'acquired', (e) => e.key === 'stream:s1');
+      const controller = new AbortController();
+      const res = await fetch(`${url}/items/s1/stream`, { signal: controller.signal });
+      const reader = res.body!.getReader();
+      await reader.read();
+      await acquired;
+      expect(await locks.isLocked('stream:s1')).toBe(true);
+      const released = nextEvent(locks.events$, 'released', (e) => e.key === 'stream:s1');
+      controller.abort();
+      await reader.cancel().catch(() => undefined);
+      await released;
+      expect(await locks.isLocked('stream:s1')).toBe(false);
+    });
+  });
+}
+
+describe('LockInterceptor options and loss', () => {
+  let redis: RedisServer;
+  let app: INestApplication;
+  let url: string;
+  let locks: LockService;
+
+  @Controller('jobs')
+  class JobsController {
+    constructor(private readonly locks: LockService) {}
+
+    @Post(':id')
+    @Locked('job:<0>', { onContention: 'fail' })
+    async start(@Param('id') id: string) {
+      return { id };
+    }
+
+    /** Loses its lock mid-request (the key is deleted behind its back) and stops, as a handler should. */
+    @Post(':id/long')
+    @Locked('job:<0>', { leaseMs: 600, watchdog: true })
+    async long(@Param('id') id: string) {
+      const lock = this.locks.current()!;
+      await redis.client().del(`lock:{job:${id}}`);
+      await new Promise((resolve) => lock.signal.addEventListener('abort', resolve, { once: true }));
+      lock.signal.throwIfAborted();
+    }
+  }
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url, contendedHttpStatus: 423 })], controllers: [JobsController] })
+    class AppModule {}
+    app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
+    await app.listen(0, '127.0.0.1');
+    url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    locks = app.get(LockService);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('answers 423 Locked when configured so', async () => {
+    const holder = await locks.acquire('job:1');
+    const res = await fetch(`${url}/jobs/1`, { method: 'POST' });
+    expect(res.status).toBe(423);
+    expect(await res.json()).toMatchObject({ statusCode: 423, error: 'Locked', key: 'job:1' });
+    expect(res.headers.get('retry-after')).not.toBeNull();
+    await holder.release();
+  });
+
+  it('answers 503 when the handler stopped because its lock was lost', async () => {
+    const res = await fetch(`${url}/jobs/2/long`, { method: 'POST' });
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({ statusCode: 503, code: 'LOCK_LOST', key: 'job:2' });
+  });
+});

@@ -1,0 +1,181 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import type { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { firstValueFrom, Observable, Subject, toArray } from 'rxjs';
+import { Locked, LockConfigurationError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
+
+const feeds = new Map<string, Subject<number>>();
+const feed = new Subject<number>();
+feeds.set('F1', feed);
+feeds.set('F2', new Subject<number>());
+let onFeedSubscribed: (() => void) | undefined;
+let calls = 0;
+
+@Injectable()
+class Ledger {
+  constructor(readonly locks: LockService) {}
+
+  @Locked('ledger:<0>')
+  async post(account: string, entered?: () => void, until?: Promise<void>) {
+    calls++;
+    entered?.();
+    await until;
+    return { account, holdCount: this.locks.current()?.holdCount };
+  }
+
+  @Locked('ledger:<0>')
+  async postTwice(account: string) {
+    const inner = await this.post(account);
+    const viaService = await this.locks.run(`ledger:${account}`, async (h) => h.holdCount);
+    return { inner: inner.holdCount, viaService };
+  }
+
+  @Locked('ledger:<0>')
+  async fails(account: string) {
+    throw new RangeError(`no account ${account}`);
+  }
+
+  @Locked((order: { region: string; id: number }) => `order:${order.region}:${order.id}`)
+  async ship(order: { region: string; id: number }) {
+    return this.locks.current()?.key;
+  }
+
+  @Locked('report:<0>', { onContention: 'skip' })
+  async report(day: string) {
+    return `report ${day}`;
+  }
+
+  @Locked('quick:<0>', { minHoldMs: 1_500, onContention: 'skip' })
+  async quickJob(name: string) {
+    return name;
+  }
+
+  @Locked('feed:<0>')
+  watch(name: string): Observable<number> {
+    return new Observable<number>((subscriber) => {
+      onFeedSubscribed?.();
+      return feeds.get(name)!.subscribe(subscriber);
+    });
+  }
+}
+
+describe('@Locked on provider methods called directly', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let moduleRef: TestingModule;
+  let ledger: Ledger;
+  let locks: LockService;
+  let logger: CapturingLogger;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    logger = new CapturingLogger();
+    moduleRef = await Test.createTestingModule({
+      imports: [LockModule.forRoot({ redis: redis.url, waitMs: 200 })],
+      providers: [Ledger],
+    })
+      .setLogger(logger)
+      .compile();
+    await moduleRef.init();
+    ledger = moduleRef.get(Ledger);
+    locks = moduleRef.get(LockService);
+  });
+  afterAll(async () => {
+    await moduleRef?.close();
+    await redis?.stop();
+  });
+
+  it('holds the lock for the whole call; another owner waits, then times out', async () => {
+    const entered = gate();
+    const finish = gate();
+    const call = ledger.post('A', entered.open, finish.promise);
+    await entered.promise;
+    expect(await locks.isLocked('ledger:A')).toBe(true);
+    await expect(locks.acquire('ledger:A', { waitMs: 50 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    finish.open();
+    expect(await call).toEqual({ account: 'A', holdCount: 1 });
+    expect(await locks.isLocked('ledger:A')).toBe(false);
+  });
+
+  it('re-enters when a locked method calls another locked method or LockService with the same key', async () => {
+    expect(await ledger.postTwice('B')).toEqual({ inner: 2, viaService: 2 });
+    expect(await locks.isLocked('ledger:B')).toBe(false);
+  });
+
+  it('rethrows the method\'s error unchanged and releases', async () => {
+    await expect(ledger.fails('C')).rejects.toThrow(new RangeError('no account C'));
+    expect(await locks.isLocked('ledger:C')).toBe(false);
+  });
+
+  it('takes the key from a key function', async () => {
+    expect(await ledger.ship({ region: 'eu', id: 5 })).toBe('order:eu:5');
+  });
+
+  it('skips the method when another owner holds the lock, returning undefined and logging at debug', async () => {
+    const holder = await locks.acquire('report:2026-11-22');
+    const skipped = nextEvent(locks.events$, 'skipped');
+    const before = calls;
+    expect(await ledger.report('2026-11-22')).toBeUndefined();
+    expect(await skipped).toMatchObject({ key: 'report:2026-11-22', method: '@Locked on Ledger.report' });
+    expect(logger.at('debug')).toContainEqual(expect.stringContaining('skipped: "report:2026-11-22" is held by another owner'));
+    expect(calls).toBe(before);
+    await holder.release();
+    expect(await ledger.report('2026-11-22')).toBe('report 2026-11-22');
+  });
+
+  it('keeps the lock until minHoldMs after it was taken, then lets Redis expire it', async () => {
+    await raw.config('SET', 'notify-keyspace-events', 'Ex');
+    const sub = redis.client();
+    const expired = new Promise<number>((resolve) => sub.on('message', (_c: string, key: string) => key === 'lock:{quick:q1}' && resolve(performance.now())));
+    await sub.subscribe('__keyevent@0__:expired');
+    const started = performance.now();
+    expect(await ledger.quickJob('q1')).toBe('q1');
+    const ttl = await raw.pttl('lock:{quick:q1}');
+    expect(ttl).toBeGreaterThan(1_000);
+    expect(ttl).toBeLessThanOrEqual(1_500);
+    // A second trigger of the same job (another instance, a little late) skips.
+    expect(await locks.tryAcquire('quick:q1')).toBeNull();
+    expect(await ledger.quickJob('q1')).toBeUndefined();
+    expect((await expired) - started).toBeGreaterThanOrEqual(1_400);
+    expect(await ledger.quickJob('q1')).toBe('q1');
+  });
+
+  it('takes the lock of a declared Observable on subscribe and holds it until completion', async () => {
+    const stream = ledger.watch('F1');
+    expect(await locks.isLocked('feed:F1')).toBe(false); // nothing until subscribed
+    const subscribed = gate();
+    onFeedSubscribed = subscribed.open;
+    const values = firstValueFrom(stream.pipe(toArray()));
+    await subscribed.promise;
+    feed.next(1);
+    feed.next(2);
+    expect(await locks.isLocked('feed:F1')).toBe(true);
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F1');
+    feed.complete();
+    expect(await values).toEqual([1, 2]);
+    await released;
+    expect(await locks.isLocked('feed:F1')).toBe(false);
+  });
+
+  it('releases an Observable\'s lock when the subscriber unsubscribes', async () => {
+    const subscribed = gate();
+    onFeedSubscribed = subscribed.open;
+    const subscription = ledger.watch('F2').subscribe();
+    await subscribed.promise;
+    expect(await locks.isLocked('feed:F2')).toBe(true);
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F2');
+    subscription.unsubscribe();
+    await released;
+    expect(await locks.isLocked('feed:F2')).toBe(false);
+  });
+
+  it('explains the missing LockService when the instance was not created by Nest', async () => {
+    const orphan = new Ledger(locks);
+    await expect(orphan.post('X')).rejects.toThrow(LockConfigurationError);
+    await expect(orphan.post('X')).rejects.toThrow(/no LockService on this instance.*created by Nest/);
+  });
+});

@@ -1,0 +1,131 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Module, type INestApplication, type INestMicroservice } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ClientProxyFactory, EventPattern, MessagePattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
+import { MessageBody, SubscribeMessage, WebSocketGateway } from '@nestjs/websockets';
+import { firstValueFrom } from 'rxjs';
+import { io, type Socket } from 'socket.io-client';
+import { Locked, LockModule, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { freePort, RedisServer } from '../support/redis-server.js';
+
+const handled: string[] = [];
+const eventHandled = gate<string>();
+
+@Controller()
+class OrdersHandlers {
+  constructor(private readonly locks: LockService) {}
+
+  // @Locked above the pattern decorator
+  @Locked('order:<0.id>', { onContention: 'fail' })
+  @MessagePattern('order.reserve')
+  async reserve(@Payload() order: { id: number }) {
+    handled.push(`reserve:${order.id}`);
+    return { key: this.locks.current()?.key, holdCount: this.locks.current()?.holdCount };
+  }
+
+  // @Locked below the pattern decorator
+  @EventPattern('order.shipped')
+  @Locked('order:<0.id>')
+  async shipped(@Payload() order: { id: number }) {
+    eventHandled.open(this.locks.current()?.key ?? 'no lock');
+  }
+}
+
+@WebSocketGateway({ cors: true })
+class ChatGateway {
+  constructor(private readonly locks: LockService) {}
+
+  @SubscribeMessage('edit')
+  @Locked('doc:<0.doc>', { onContention: 'fail' })
+  async edit(@MessageBody() body: { doc: string }) {
+    return { event: 'edited', data: { key: this.locks.current()?.key } };
+  }
+}
+
+describe('@Locked on microservice handlers (TCP)', () => {
+  let redis: RedisServer;
+  let service: INestMicroservice;
+  let client: ClientProxy;
+  let locks: LockService;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    const port = await freePort();
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true })], controllers: [OrdersHandlers] })
+    class OrdersModule {}
+    service = await NestFactory.createMicroservice(OrdersModule, {
+      transport: Transport.TCP,
+      options: { host: '127.0.0.1', port },
+      logger: new CapturingLogger(),
+    });
+    await service.listen();
+    locks = service.get(LockService);
+    client = ClientProxyFactory.create({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+    await client.connect();
+  });
+  afterAll(async () => {
+    await client?.close();
+    await service?.close();
+    await redis?.stop();
+  });
+
+  it('locks a @MessagePattern handler on the key from its payload', async () => {
+    expect(await firstValueFrom(client.send('order.reserve', { id: 4 }))).toEqual({ key: 'order:4', holdCount: 1 });
+  });
+
+  it('answers contention with an RpcException the client receives as an error object', async () => {
+    const holder = await locks.acquire('order:5', { leaseMs: 5_000 });
+    const failure = await firstValueFrom(client.send('order.reserve', { id: 5 })).catch((e: unknown) => e);
+    expect(failure).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'order:5' });
+    expect((failure as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(4_000);
+    expect(handled).not.toContain('reserve:5');
+    await holder.release();
+  });
+
+  it('locks an @EventPattern handler', async () => {
+    const acquired = nextEvent(locks.events$, 'acquired', (e) => e.key === 'order:6');
+    await firstValueFrom(client.emit('order.shipped', { id: 6 }));
+    expect(await eventHandled.promise).toBe('order:6');
+    await acquired;
+  });
+});
+
+describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
+  let redis: RedisServer;
+  let app: INestApplication;
+  let socket: Socket;
+  let locks: LockService;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true })], providers: [ChatGateway] })
+    class ChatModule {}
+    app = await NestFactory.create(ChatModule, { logger: new CapturingLogger() });
+    await app.listen(0, '127.0.0.1');
+    locks = app.get(LockService);
+    const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    socket = io(url, { transports: ['websocket'], reconnection: false });
+    await new Promise<void>((resolve, reject) => {
+      socket.once('connect', () => resolve());
+      socket.once('connect_error', reject);
+    });
+  });
+  afterAll(async () => {
+    socket?.disconnect();
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('locks a @SubscribeMessage handler on the key from its message', async () => {
+    const reply = new Promise((resolve) => socket.once('edited', resolve));
+    socket.emit('edit', { doc: 'readme' });
+    expect(await reply).toEqual({ key: 'doc:readme' });
+  });
+
+  it('answers contention with a WsException the client receives as an "exception" event', async () => {
+    const holder = await locks.acquire('doc:spec');
+    const exception = new Promise((resolve) => socket.once('exception', resolve));
+    socket.emit('edit', { doc: 'spec' });
+    expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'doc:spec' });
+    await holder.release();
+  });
+});

@@ -1,0 +1,157 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Test } from '@nestjs/testing';
+import type { Redis } from 'ioredis';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  Locked,
+  LockBackendError,
+  LockConfigurationError,
+  LockError,
+  LockKeyError,
+  LockLostError,
+  LockModule,
+  LockService,
+  MAX_KEY_LENGTH,
+  type LockHandle,
+  type LockModuleOptions,
+} from '../../lib/index.js';
+import { CapturingLogger, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { freePort, RedisServer } from '../support/redis-server.js';
+
+/**
+ * Every public entry point fed bad input. Each case must end in a typed error with a message that
+ * says what to fix, or in a documented no-op; none may touch another owner's lock or leave a
+ * timer or subscription behind. The table in TESTING.md is generated from these cases and checked
+ * against them (UPDATE_TESTING_MD=1 rewrites it).
+ */
+interface Case {
+  entry: string;
+  input: string;
+  /** An error class, or 'no-op' for a documented no-op. */
+  outcome: (new (...args: never[]) => Error) | 'no-op';
+  /** A fragment the message must contain (what to fix). */
+  says?: RegExp;
+  run: (ctx: Ctx) => Promise<unknown>;
+}
+interface Ctx {
+  locks: LockService;
+  redis: RedisServer;
+}
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const boot = async (options: unknown) => {
+  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot(options as LockModuleOptions)] })
+    .setLogger(new CapturingLogger())
+    .compile();
+  try {
+    await moduleRef.init();
+  } finally {
+    await moduleRef.close();
+  }
+};
+const released = async (locks: LockService, key: string): Promise<LockHandle> => {
+  const h = await locks.acquire(key);
+  await h.release();
+  return h;
+};
+const lost = async (locks: LockService, redis: RedisServer, key: string): Promise<LockHandle> => {
+  const h = await locks.acquire(key);
+  await redis.client().del(`lock:{${key}}`);
+  await new Promise((resolve) => h.signal.addEventListener('abort', resolve, { once: true }));
+  return h;
+};
+
+const cases: Case[] = [
+  // keys
+  { entry: 'acquire(key)', input: 'empty key', outcome: LockKeyError, says: /must not be empty/, run: ({ locks }) => locks.acquire('') },
+  { entry: 'acquire(key)', input: `key longer than ${MAX_KEY_LENGTH} characters`, outcome: LockKeyError, says: /at most 1024 characters/, run: ({ locks }) => locks.acquire('k'.repeat(MAX_KEY_LENGTH + 1)) },
+  { entry: 'acquire(key)', input: 'non-string key (42)', outcome: LockKeyError, says: /must be a string; got 42/, run: ({ locks }) => locks.acquire(42 as never) },
+  { entry: 'acquire(key)', input: 'key with braces', outcome: LockKeyError, says: /remove the braces/, run: ({ locks }) => locks.acquire('a{b}') },
+  { entry: 'acquire([keys])', input: 'empty array', outcome: LockKeyError, says: /at least one key/, run: ({ locks }) => locks.acquire([]) },
+  { entry: 'run(key, fn)', input: 'fn not a function', outcome: LockConfigurationError, says: /fn must be a function/, run: ({ locks }) => locks.run('k', 5 as never) },
+  // durations and options
+  { entry: 'acquire(key, { waitMs })', input: 'waitMs NaN', outcome: LockConfigurationError, says: /waitMs must be a whole number .* got NaN/, run: ({ locks }) => locks.acquire('k', { waitMs: NaN }) },
+  { entry: 'acquire(key, { waitMs })', input: 'waitMs < 0', outcome: LockConfigurationError, says: /got -1/, run: ({ locks }) => locks.acquire('k', { waitMs: -1 }) },
+  { entry: 'acquire(key, { waitMs })', input: 'waitMs 1.5 (not whole)', outcome: LockConfigurationError, says: /got 1.5/, run: ({ locks }) => locks.acquire('k', { waitMs: 1.5 }) },
+  { entry: 'acquire(key, { leaseMs })', input: 'leaseMs 0', outcome: LockConfigurationError, says: /from 100/, run: ({ locks }) => locks.acquire('k', { leaseMs: 0 }) },
+  { entry: 'acquire(key, { leaseMs })', input: 'leaseMs 50 (too short to renew)', outcome: LockConfigurationError, says: /from 100 .* got 50/, run: ({ locks }) => locks.acquire('k', { leaseMs: 50 }) },
+  { entry: 'acquire(key, { leaseMs })', input: 'leaseMs Infinity', outcome: LockConfigurationError, says: /got Infinity/, run: ({ locks }) => locks.acquire('k', { leaseMs: Infinity }) },
+  { entry: 'acquire(key, { leaseMs })', input: 'leaseMs above 2147483647', outcome: LockConfigurationError, says: /to 2147483647/, run: ({ locks }) => locks.acquire('k', { leaseMs: 2 ** 31 }) },
+  { entry: 'acquire(key, options)', input: 'unknown option', outcome: LockConfigurationError, says: /unknown option "timeout"/, run: ({ locks }) => locks.acquire('k', { timeout: 5 } as never) },
+  { entry: 'acquire(key, { owner })', input: 'owner starting with ":"', outcome: LockConfigurationError, says: /not starting with ":"/, run: ({ locks }) => locks.acquire('k', { owner: ':mode' }) },
+  { entry: 'acquire(key, { mode, fair })', input: 'fair read lock', outcome: LockConfigurationError, says: /fair mode is for exclusive locks/, run: ({ locks }) => locks.acquire('k', { mode: 'read', fair: true }) },
+  { entry: 'tryAcquire(key, { waitMs })', input: 'waitMs given', outcome: LockConfigurationError, says: /never waits/, run: ({ locks }) => locks.tryAcquire('k', { waitMs: 5 } as never) },
+  // templates and arguments
+  { entry: '@Locked(template)', input: 'unclosed "<"', outcome: LockConfigurationError, says: /unclosed "<"/, run: async () => { class C { @Locked('a:<0') async m(x: string) { return x; } } return C; } },
+  { entry: '@Locked(template)', input: 'placeholder beyond the parameters', outcome: LockConfigurationError, says: /declares 1 parameter/, run: async () => { class C { @Locked('a:<3>') async m(x: string) { return x; } } return C; } },
+  { entry: '@Locked(template, options)', input: 'unknown onContention', outcome: LockConfigurationError, says: /'wait', 'fail' or 'skip'/, run: async () => { class C { @Locked('a', { onContention: 'retry' as never }) async m() {} } return C; } },
+  // module options and clients
+  { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
+  { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
+  { entry: 'LockModule.forRoot', input: 'redis: a node-redis client', outcome: LockConfigurationError, says: /needs an ioredis client/, run: () => boot({ redis: { evalSha: () => 0, isOpen: true } }) },
+  { entry: 'LockModule.forRoot', input: 'redis: not a client (a Map)', outcome: LockConfigurationError, says: /not an ioredis client/, run: () => boot({ redis: new Map() }) },
+  { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: async () => boot({ redis: `redis://127.0.0.1:${await freePort()}`, connectTimeoutMs: 200 }) },
+  // Redis errors
+  { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },
+  // handles
+  { entry: 'handle.release()', input: 'release twice', outcome: 'no-op', run: async ({ locks }) => (await released(locks, 'twice')).release() },
+  { entry: 'handle.release()', input: 'release after loss', outcome: 'no-op', run: async ({ locks, redis }) => (await lost(locks, redis, 'lost-release')).release() },
+  { entry: 'handle.extend(ms)', input: 'extend after loss', outcome: LockLostError, says: /was lost/, run: async ({ locks, redis }) => (await lost(locks, redis, 'lost-extend')).extend(1_000) },
+  { entry: 'handle.extend(ms)', input: 'extend after release', outcome: LockError, says: /already released; acquire the lock again/, run: async ({ locks }) => (await released(locks, 'released-extend')).extend(1_000) },
+  { entry: 'handle.extend(ms)', input: 'extend(10)', outcome: LockConfigurationError, says: /got 10/, run: async ({ locks }) => { const h = await locks.acquire('short-extend'); try { return await h.extend(10); } finally { await h.release(); } } },
+  { entry: 'forceUnlock(key)', input: 'missing key', outcome: 'no-op', run: ({ locks }) => locks.forceUnlock('never-held') },
+];
+
+const table = () =>
+  [
+    '| entry point | bad input | outcome |',
+    '|---|---|---|',
+    ...cases.map((c) => `| \`${c.entry}\` | ${c.input} | ${c.outcome === 'no-op' ? 'documented no-op' : `\`${c.outcome.name}\``}${c.says ? ` (message: "${c.says.source.replace(/\.\*/g, '…').replace(/\\/g, '').replace(/\|/g, '\\|')}")` : ''} |`),
+  ].join('\n');
+
+describe('bad input on every public entry point', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  let sentinel: LockHandle;
+  let raw: Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url, leaseMs: 600 });
+    sentinel = await app.locks.acquire('sentinel', { owner: 'someone-else' });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it.each(cases.map((c) => [`${c.entry}: ${c.input}`, c] as const))('%s', async (_name, c) => {
+    const before = { hash: await raw.hgetall('lock:{sentinel}'), ttl: await raw.pttl('lock:{sentinel}') };
+    const outcome = await c.run({ locks: app.locks, redis }).then(() => 'no-op' as const, (e: unknown) => e);
+    if (c.outcome === 'no-op') expect(outcome).toBe('no-op');
+    else {
+      expect(outcome).toBeInstanceOf(c.outcome);
+      expect(outcome).toBeInstanceOf(LockError);
+      expect((outcome as Error).message).toMatch(c.says!);
+    }
+    // Another owner's lock is untouched, and nothing is left waiting or renewing for this case.
+    expect(await raw.hgetall('lock:{sentinel}')).toEqual(before.hash);
+    expect(sentinel.signal.aborted).toBe(false);
+    const internals = app.locks as unknown as { store: { waitState: { channels: number; waiters: number } }; watchdog: { size: number } };
+    expect(internals.store.waitState).toEqual({ channels: 0, waiters: 0 });
+    expect(internals.watchdog.size).toBe(1); // the sentinel only
+  });
+
+  it('publishes the same table in TESTING.md', () => {
+    const file = join(root, 'TESTING.md');
+    const text = readFileSync(file, 'utf8');
+    const begin = '<!-- bad-input table: generated by test/faults/bad-input.spec.ts -->';
+    const end = '<!-- end of bad-input table -->';
+    const generated = `${begin}\n${table()}\n${end}`;
+    const current = text.slice(text.indexOf(begin), text.indexOf(end) + end.length);
+    if (process.env.UPDATE_TESTING_MD === '1') writeFileSync(file, text.replace(current, generated));
+    else expect(current).toBe(generated);
+  });
+});

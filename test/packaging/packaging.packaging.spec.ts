@@ -1,0 +1,62 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { cpSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { RedisServer } from '../support/redis-server.js';
+
+/**
+ * Packaging proven from the outside (`npm run test:packaging`): the library is packed with
+ * `npm pack` and the tarball installed into two fresh apps, which type-check and run their own
+ * tests with their own jest setups: a Nest 11 app in CommonJS (jest in CommonJS mode, ts-jest) and
+ * a Nest 12 app in ES modules (jest in native ESM mode). Needs the npm registry.
+ */
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const work = join(root, '.tmp', 'packaging');
+const run = (cwd: string, command: string, args: string[], env: Record<string, string> = {}) => {
+  const result = spawnSync(command, args, { cwd, encoding: 'utf8', env: { ...process.env, ...env }, timeout: 300_000 });
+  return { ok: result.status === 0, output: `${result.stdout}\n${result.stderr}` };
+};
+
+describe('the packed package in fresh apps', () => {
+  let redis: RedisServer;
+  let files: string[] = [];
+  beforeAll(async () => {
+    rmSync(work, { recursive: true, force: true });
+    mkdirSync(work, { recursive: true });
+    execFileSync(process.execPath, [join(root, 'scripts', 'build.mjs')], { cwd: root, stdio: 'ignore' });
+    const packed = JSON.parse(execFileSync('npm', ['pack', '--json', '--pack-destination', work], { cwd: root, encoding: 'utf8' })) as {
+      filename: string;
+      files: { path: string }[];
+    }[];
+    files = packed[0]!.files.map((f) => f.path);
+    cpSync(join(work, packed[0]!.filename), join(work, 'nestjs-locked.tgz'));
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('ships only the two builds with their types, the README, the changelog, the licence and package.json; no ioredis inside', () => {
+    expect(files.filter((f) => !/^dist\/(esm|cjs)\//.test(f)).sort()).toEqual(['CHANGELOG.md', 'LICENSE', 'README.md', 'package.json']);
+    expect(files).toEqual(expect.arrayContaining(['dist/esm/index.js', 'dist/esm/index.d.ts', 'dist/cjs/index.js', 'dist/cjs/index.d.ts', 'dist/esm/package.json', 'dist/cjs/package.json']));
+    expect(files.some((f) => f.includes('node_modules') || f.includes('ioredis'))).toBe(false);
+    const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { dependencies?: object; peerDependencies: Record<string, string> };
+    expect(manifest.dependencies ?? {}).toEqual({});
+    expect(manifest.peerDependencies).toMatchObject({ '@nestjs/common': '^11.0.0 || ^12.0.0', '@nestjs/core': '^11.0.0 || ^12.0.0', ioredis: '^5.0.0 || ^6.0.0' });
+  });
+
+  for (const app of ['nest11-cjs', 'nest12-esm']) {
+    it(`installs into a fresh ${app} app, whose types resolve and whose own tests pass`, () => {
+      const dir = join(work, app);
+      cpSync(join(root, 'test', 'packaging', 'apps', app), dir, { recursive: true });
+      const install = run(dir, 'npm', ['install', '--no-audit', '--no-fund', '--loglevel=error']);
+      expect({ step: 'npm install', ok: install.ok, output: install.ok ? '' : install.output }).toEqual({ step: 'npm install', ok: true, output: '' });
+      const typecheck = run(dir, 'npm', ['run', 'typecheck']);
+      expect({ step: 'tsc --noEmit', ok: typecheck.ok, output: typecheck.ok ? '' : typecheck.output }).toEqual({ step: 'tsc --noEmit', ok: true, output: '' });
+      const tests = run(dir, 'npm', ['test'], { REDIS_URL: redis.url });
+      expect({ step: 'app tests', ok: tests.ok, output: tests.ok ? '' : tests.output }).toEqual({ step: 'app tests', ok: true, output: '' });
+      expect(tests.output).toMatch(/Tests:\s+1 passed, 1 total/);
+    });
+  }
+});

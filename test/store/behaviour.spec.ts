@@ -1,0 +1,220 @@
+import { AsyncResource } from 'node:async_hooks';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { performance } from 'node:perf_hooks';
+import { Locked, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, type LockLostError, type LockModuleOptions } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+/**
+ * The same behaviour, through the public API only, on the Redis store and on the in-process memory
+ * store: the two cannot drift apart without this suite failing.
+ */
+describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store) => {
+  let redis: RedisServer | undefined;
+  let app: LockApp;
+  const outside = new AsyncResource('another-context');
+  const elsewhere = <T>(fn: () => Promise<T>) => outside.runInAsyncScope(fn);
+  const start = async (options: LockModuleOptions) =>
+    startLockApp(store === 'redis' ? { ...options, redis: redis!.url } : { ...options, store: 'memory' });
+
+  beforeAll(async () => {
+    if (store === 'redis') redis = await RedisServer.start();
+    app = await start({ leaseMs: 600, waitMs: 5_000, fairQueueTimeoutMs: 1_000 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('keeps a non-atomic counter exact under 8 contending contexts', async () => {
+    let counter = 0;
+    await Promise.all(
+      Array.from({ length: 8 }, async () => {
+        for (let i = 0; i < 25; i++) {
+          await app.locks.run('b:counter', async () => {
+            const value = counter;
+            await new Promise((r) => setImmediate(r));
+            counter = value + 1;
+          });
+        }
+      }),
+    );
+    expect(counter).toBe(200);
+  });
+
+  it('re-enters in one context, keeps other contexts out, and frees only at the outer release', async () => {
+    const otherGets = () => elsewhere(async () => { const h = await app.locks.tryAcquire('b:re'); await h?.release(); return h !== null; });
+    await app.locks.run('b:re', async (outer) => {
+      await app.locks.run('b:re', async (inner) => {
+        expect(inner.holdCount).toBe(2);
+        expect(inner.fencingToken).toBe(outer.fencingToken);
+        expect(await app.locks.holdCount('b:re')).toBe(2);
+        expect(await otherGets()).toBe(false);
+      });
+      expect(await otherGets()).toBe(false);
+    });
+    expect(await app.locks.isLocked('b:re')).toBe(false);
+    expect(await otherGets()).toBe(true);
+  });
+
+  it('re-enters through a shared owner token', async () => {
+    const a = await app.locks.acquire('b:token', { owner: 'job-1' });
+    const b = await app.locks.acquire('b:token', { owner: 'job-1', waitMs: 0 });
+    expect(b.holdCount).toBe(2);
+    expect(await app.locks.tryAcquire('b:token', { owner: 'job-2' })).toBeNull();
+    await a.release();
+    await b.release();
+    expect(await app.locks.isLocked('b:token')).toBe(false);
+  });
+
+  it('ends a fixed lease and lets the next owner in', async () => {
+    const lock = await app.locks.acquire('b:fixed', { leaseMs: 200 });
+    expect(((await aborted(lock.signal)) as LockLostError).reason).toBe('lease-expired');
+    const next = await app.locks.acquire('b:fixed', { waitMs: 0 });
+    expect(next.fencingToken).toBeGreaterThan(lock.fencingToken);
+    await next.release();
+  });
+
+  it('keeps a watchdog lock for more than 3 leases', async () => {
+    const started = performance.now();
+    const renewed = nextEvents(app.locks.events$, 'renewed', 10, 10_000);
+    const lock = await app.locks.acquire('b:watch');
+    await renewed;
+    expect(performance.now() - started).toBeGreaterThan(3 * 600);
+    expect(lock.isHeld).toBe(true);
+    expect(await app.locks.tryAcquire('b:watch', { owner: 'intruder' })).toBeNull();
+    await lock.release();
+  });
+
+  it('wakes a waiter on the release, not on the lease, and times out with retryAfterMs', async () => {
+    const holder = await app.locks.acquire('b:wait', { leaseMs: 30_000 });
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:wait');
+    const waiting = app.locks.acquire('b:wait', { waitMs: 20_000 });
+    await contended;
+    const releasedAt = performance.now();
+    await holder.release();
+    await (await waiting).release();
+    expect(performance.now() - releasedAt).toBeLessThan(1_000);
+    const other = await app.locks.acquire('b:wait2', { leaseMs: 5_000 });
+    const failure = (await app.locks.acquire('b:wait2', { waitMs: 100 }).catch((e: unknown) => e)) as LockNotAcquiredError;
+    expect(failure.reason).toBe('timeout');
+    expect(failure.retryAfterMs).toBeGreaterThan(4_000);
+    await other.release();
+  });
+
+  it('stops an aborted wait at once', async () => {
+    const holder = await app.locks.acquire('b:abort');
+    const controller = new AbortController();
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:abort');
+    const waiting = app.locks.acquire('b:abort', { waitMs: 20_000, signal: controller.signal });
+    await contended;
+    controller.abort(new Error('stop'));
+    await expect(waiting).rejects.toThrow('stop');
+    await holder.release();
+  });
+
+  it('serves fair waiters in arrival order', async () => {
+    const seen = new Set<string>();
+    const holder = await app.locks.acquire('b:fair', { fair: true });
+    const order: number[] = [];
+    const waiters: Promise<unknown>[] = [];
+    for (let i = 0; i < 5; i++) {
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:fair' && e.owner !== holder.owner && !seen.has(e.owner));
+      waiters.push(app.locks.run('b:fair', async () => void order.push(i), { fair: true, waitMs: 20_000 }));
+      seen.add((await contended).owner);
+    }
+    await holder.release();
+    await Promise.all(waiters);
+    expect(order).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it('issues increasing fencing tokens', async () => {
+    const tokens: number[] = [];
+    for (let i = 0; i < 50; i++) await app.locks.run('b:fence', async (l) => void tokens.push(l.fencingToken));
+    for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]!);
+  });
+
+  it('lets readers share, keeps the writer exclusive, downgrades, refuses upgrades, and does not starve writers', async () => {
+    const r1 = await app.locks.readLock('b:rw');
+    const r2 = await elsewhere(() => app.locks.readLock('b:rw'));
+    expect(await elsewhere(() => app.locks.tryAcquire('b:rw', { mode: 'write' }))).toBeNull();
+    await r1.run(() => expect(app.locks.writeLock('b:rw')).rejects.toBeInstanceOf(LockUpgradeError));
+    const writer = elsewhere(() => app.locks.writeLock('b:rw', { waitMs: 5_000 }));
+    await nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:rw');
+    // A writer waits: a new reader is refused, while the readers inside may leave.
+    expect(await elsewhere(() => app.locks.tryAcquire('b:rw', { mode: 'read' }))).toBeNull();
+    await r1.release();
+    await r2.release();
+    const w = await writer;
+    const down = await w.run(() => app.locks.readLock('b:rw'));
+    expect(down.holdCount).toBe(1);
+    await w.release();
+    expect(await elsewhere(() => app.locks.tryAcquire('b:rw', { mode: 'write' }))).toBeNull();
+    const reader = await elsewhere(() => app.locks.readLock('b:rw', { waitMs: 0 }));
+    await reader.release();
+    await down.release();
+    expect(await app.locks.isLocked('b:rw')).toBe(false);
+  });
+
+  it('takes multi-key groups all or nothing, in canonical order, without deadlock', async () => {
+    const blocker = await elsewhere(() => app.locks.acquire('b:m3'));
+    await expect(app.locks.acquire(['b:m1', 'b:m2', 'b:m3'], { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    expect(await app.locks.isLocked('b:m1')).toBe(false);
+    await blocker.release();
+    let balanceA = 100;
+    let balanceB = 100;
+    await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        app.locks.run(i % 2 ? ['b:A', 'b:B'] : ['b:B', 'b:A'], async (group) => {
+          expect(group.keys).toEqual(['b:A', 'b:B']);
+          const [a, b] = [balanceA, balanceB];
+          await new Promise((r) => setImmediate(r));
+          [balanceA, balanceB] = i % 2 ? [a - 1, b + 1] : [a + 1, b - 1];
+        }),
+      ),
+    );
+    expect(balanceA + balanceB).toBe(200);
+    expect(balanceA).toBe(100);
+  });
+
+  it('aborts a holder\'s signal when its lock is force-unlocked', async () => {
+    const lock = await app.locks.acquire('b:force');
+    expect(await app.locks.forceUnlock('b:force')).toBe(true);
+    expect(((await aborted(lock.signal)) as LockLostError).reason).toBe('taken');
+    expect(await app.locks.forceUnlock('b:force')).toBe(false);
+  });
+});
+
+describe('LockTestingModule', () => {
+  it('gives @Locked and LockService an in-process store without any Redis', async () => {
+    @Injectable()
+    class Orders {
+      constructor(readonly locks: LockService) {}
+      @Locked('order:<0>')
+      async pay(id: string) {
+        return this.locks.current()?.key;
+      }
+    }
+    const moduleRef: TestingModule = await Test.createTestingModule({ imports: [LockTestingModule.forRoot({ isGlobal: true })], providers: [Orders] })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await moduleRef.init();
+    const entered = gate();
+    const release = gate();
+    const locks = moduleRef.get(LockService);
+    const first = locks.run('order:1', async () => {
+      entered.open();
+      await release.promise;
+    });
+    await entered.promise;
+    expect(await locks.isLocked('order:1')).toBe(true);
+    const second = moduleRef.get(Orders).pay('1');
+    await nextEvent(locks.events$, 'contended', (e) => e.key === 'order:1');
+    release.open();
+    await first;
+    expect(await second).toBe('order:1');
+    await moduleRef.close();
+  });
+});

@@ -1,0 +1,116 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { RedisLockStore } from '../../../lib/store/redis/redis-lock.store.js';
+import { RedisServer } from '../../support/redis-server.js';
+
+const quiet = { debug: () => undefined, warn: () => undefined };
+
+describe('RedisLockStore scripts', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let client: Redis;
+  let store: RedisLockStore;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    client = redis.client();
+    store = new RedisLockStore(client, false, 'lock:', quiet);
+    await store.ready(5_000);
+  });
+  afterAll(async () => {
+    await store?.close();
+    await redis?.stop();
+  });
+
+  const snapshot = async (name: string) => ({ hash: await raw.hgetall(name), ttl: await raw.pttl(name) });
+
+  it('stores one hash per lock: owner -> hold count, with the lease as PEXPIRE', async () => {
+    const a = await store.acquire({ key: 'model', owner: 'A', leaseMs: 10_000 });
+    expect(a).toEqual({ granted: true, holdCount: 1, fencingToken: expect.any(Number) });
+    const b = await store.acquire({ key: 'model', owner: 'A', leaseMs: 10_000 });
+    expect(b).toEqual({ granted: true, holdCount: 2, fencingToken: (a as { fencingToken: number }).fencingToken });
+    expect(await raw.hgetall('lock:{model}')).toEqual({ A: '2' });
+    expect(await raw.pttl('lock:{model}')).toBeGreaterThan(9_000);
+    const c = await store.acquire({ key: 'model', owner: 'B', leaseMs: 10_000 });
+    expect(c.granted).toBe(false);
+    expect((c as { ttlMs: number }).ttlMs).toBeGreaterThan(9_000);
+    expect(await store.release('model', 'A')).toBe(1);
+    expect(await store.release('model', 'A')).toBe(0);
+    expect(await raw.exists('lock:{model}')).toBe(0);
+  });
+
+  it('never lets a non-owner release, renew or shorten a lock', async () => {
+    await store.acquire({ key: 'owned', owner: 'A', leaseMs: 10_000 });
+    await store.acquire({ key: 'owned', owner: 'A', leaseMs: 10_000 });
+    const before = await snapshot('lock:{owned}');
+    expect(await store.release('owned', 'B')).toBe(-1);
+    expect(await store.releaseAll('owned', 'B')).toBe(false);
+    expect(await store.renew([{ key: 'owned', owner: 'B', leaseMs: 100 }])).toEqual([false]);
+    const after = await snapshot('lock:{owned}');
+    expect(after.hash).toEqual(before.hash);
+    expect(after.ttl).toBeGreaterThan(before.ttl - 1_000);
+    expect(after.ttl).toBeLessThanOrEqual(before.ttl);
+    expect(await store.releaseAll('owned', 'A')).toBe(true);
+    expect(await raw.exists('lock:{owned}')).toBe(0);
+  });
+
+  it('renews many keys in one call and reports the ones no longer held', async () => {
+    await store.acquire({ key: 'r1', owner: 'A', leaseMs: 1_000 });
+    await store.acquire({ key: 'r2', owner: 'B', leaseMs: 1_000 });
+    expect(await store.renew([
+      { key: 'r1', owner: 'A', leaseMs: 20_000 },
+      { key: 'r2', owner: 'A', leaseMs: 20_000 },
+      { key: 'missing', owner: 'A', leaseMs: 20_000 },
+    ])).toEqual([true, false, false]);
+    expect(await raw.pttl('lock:{r1}')).toBeGreaterThan(19_000);
+    expect(await raw.pttl('lock:{r2}')).toBeLessThanOrEqual(1_000);
+  });
+
+  it('never shortens the lease on re-entry', async () => {
+    await store.acquire({ key: 'long', owner: 'A', leaseMs: 20_000 });
+    await store.acquire({ key: 'long', owner: 'A', leaseMs: 1_000 });
+    expect(await raw.pttl('lock:{long}')).toBeGreaterThan(19_000);
+  });
+
+  it('inspects and force-unlocks, announcing the release', async () => {
+    expect(await store.inspect('inspect', 'A')).toEqual({ locked: false, holdCount: 0, ttlMs: -2 });
+    await store.acquire({ key: 'inspect', owner: 'A', leaseMs: 5_000 });
+    const state = await store.inspect('inspect', 'A');
+    expect(state).toEqual({ locked: true, holdCount: 1, ttlMs: expect.any(Number) });
+    expect(await store.inspect('inspect', 'B')).toMatchObject({ locked: true, holdCount: 0 });
+    const sub = redis.client();
+    const message = new Promise<string>((resolve) => sub.on('message', (_c: string, m: string) => resolve(m)));
+    await sub.subscribe('lock:{inspect}');
+    expect(await store.forceUnlock('inspect')).toBe(true);
+    expect(await message).toBe('released');
+    expect(await store.forceUnlock('inspect')).toBe(false);
+  });
+
+  it('issues fencing tokens that grow across release, expiry and the counter\'s own loss', async () => {
+    const tokens: number[] = [];
+    const grant = async () => {
+      const r = await store.acquire({ key: 'fence', owner: 'A', leaseMs: 1_000 });
+      if (!r.granted) throw new Error('not granted');
+      tokens.push(r.fencingToken);
+    };
+    await grant();
+    await store.release('fence', 'A');
+    await grant();
+    await raw.del('lock:{fence}'); // as if the lease expired
+    await grant();
+    await store.release('fence', 'A');
+    await raw.del('lock:{fence}:fence'); // the counter expired or was lost
+    await grant();
+    await store.release('fence', 'A');
+    for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]!);
+    expect(Number.isSafeInteger(tokens.at(-1))).toBe(true);
+    expect(await raw.pttl('lock:{fence}:fence')).toBeGreaterThan(3_500_000);
+  });
+
+  it('keeps working after the server forgot its scripts', async () => {
+    await raw.script('FLUSH');
+    const r = await store.acquire({ key: 'noscript', owner: 'A', leaseMs: 1_000 });
+    expect(r.granted).toBe(true);
+    await store.release('noscript', 'A');
+  });
+});

@@ -1,0 +1,85 @@
+import { fork, type ChildProcess } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+/** A message a fixture sends to the test over IPC. */
+export interface FixtureMessage {
+  type: string;
+  [field: string]: unknown;
+}
+
+/**
+ * A child Node process running a fixture from test/fixtures (compiled by the global setup into
+ * .test-build). Messages arrive over IPC; the test awaits them instead of sleeping.
+ */
+export class Fixture {
+  readonly messages: FixtureMessage[] = [];
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  private readonly waiting: { test: (m: FixtureMessage) => boolean; resolve: (m: FixtureMessage) => void }[] = [];
+  private readonly child: ChildProcess;
+  stderr = '';
+
+  constructor(name: string, args: string[]) {
+    this.child = fork(join(root, '.test-build', 'test', 'fixtures', `${name}.js`), args, {
+      stdio: ['ignore', 'inherit', 'pipe', 'ipc'],
+      execArgv: [],
+    });
+    live.add(this.child);
+    this.child.stderr!.on('data', (chunk: Buffer) => (this.stderr += chunk.toString()));
+    this.child.on('message', (m: FixtureMessage) => {
+      this.messages.push(m);
+      for (const w of [...this.waiting]) {
+        if (w.test(m)) {
+          this.waiting.splice(this.waiting.indexOf(w), 1);
+          w.resolve(m);
+        }
+      }
+    });
+    this.exited = new Promise((resolve) =>
+      this.child.once('exit', (code, signal) => {
+        live.delete(this.child);
+        resolve({ code, signal });
+      }),
+    );
+  }
+
+  get pid(): number {
+    return this.child.pid!;
+  }
+
+  /** The first message (already received or future) of `type` that matches `where`. */
+  next(type: string, where: (m: FixtureMessage) => boolean = () => true, ms = 30_000): Promise<FixtureMessage> {
+    const test = (m: FixtureMessage) => m.type === type && where(m);
+    const seen = this.messages.find(test);
+    if (seen) return Promise.resolve(seen);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`fixture ${this.pid}: no "${type}" message within ${ms} ms\n${this.stderr}`)), ms);
+      this.waiting.push({ test, resolve: (m) => (clearTimeout(timer), resolve(m)) });
+      void this.exited.then(({ code, signal }) => {
+        clearTimeout(timer);
+        reject(new Error(`fixture ${this.pid} exited (${code ?? signal}) before sending "${type}"\n${this.stderr}`));
+      });
+    }).then((m) => m as FixtureMessage);
+  }
+
+  send(message: FixtureMessage): void {
+    this.child.send(message);
+  }
+
+  kill(signal: NodeJS.Signals = 'SIGKILL'): void {
+    this.child.kill(signal);
+  }
+
+  /** Kills the child if it is still running and waits for it to be gone. */
+  async stop(): Promise<void> {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}
+
+const live = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const child of live) child.kill('SIGKILL');
+});

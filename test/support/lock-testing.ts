@@ -1,0 +1,86 @@
+import type { LoggerService } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
+import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
+
+/** Collects what the library logs, so tests can assert on levels and messages. */
+export class CapturingLogger implements LoggerService {
+  readonly entries: { level: string; message: string; context?: string }[] = [];
+  log(message: unknown, context?: string) {
+    this.entries.push({ level: 'log', message: String(message), context });
+  }
+  error(message: unknown, _trace?: string, context?: string) {
+    this.entries.push({ level: 'error', message: String(message), context });
+  }
+  warn(message: unknown, context?: string) {
+    this.entries.push({ level: 'warn', message: String(message), context });
+  }
+  debug(message: unknown, context?: string) {
+    this.entries.push({ level: 'debug', message: String(message), context });
+  }
+  verbose(message: unknown, context?: string) {
+    this.entries.push({ level: 'verbose', message: String(message), context });
+  }
+  at(level: string): string[] {
+    return this.entries.filter((e) => e.level === level).map((e) => e.message);
+  }
+}
+
+export interface LockApp {
+  moduleRef: TestingModule;
+  locks: LockService;
+  logger: CapturingLogger;
+  close(): Promise<void>;
+}
+
+/** A Nest testing module with `LockModule.forRoot(options)`, initialised (bootstrap checks run). */
+export async function startLockApp(options: LockModuleOptions): Promise<LockApp> {
+  const logger = new CapturingLogger();
+  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot(options)] })
+    .setLogger(logger)
+    .compile();
+  await moduleRef.init();
+  return { moduleRef, locks: moduleRef.get(LockService), logger, close: () => moduleRef.close() };
+}
+
+type EventOf<T extends LockEvent['type']> = Extract<LockEvent, { type: T }>;
+
+/** The next event of `type` (matching `where`), failing after `ms`. Subscribe before causing it. */
+export function nextEvent<T extends LockEvent['type']>(
+  events$: Observable<LockEvent>,
+  type: T,
+  where: (e: EventOf<T>) => boolean = () => true,
+  ms = 10_000,
+): Promise<EventOf<T>> {
+  return firstValueFrom(
+    events$.pipe(
+      filter((e): e is EventOf<T> => e.type === type && where(e as EventOf<T>)),
+      timeout({ first: ms, with: () => { throw new Error(`no "${type}" event within ${ms} ms`); } }),
+    ),
+  );
+}
+
+/** The next `count` events of `type`. */
+export function nextEvents<T extends LockEvent['type']>(events$: Observable<LockEvent>, type: T, count: number, ms = 10_000): Promise<EventOf<T>[]> {
+  return firstValueFrom(
+    events$.pipe(
+      filter((e): e is EventOf<T> => e.type === type),
+      take(count),
+      toArray(),
+      timeout({ first: ms, with: () => { throw new Error(`fewer than ${count} "${type}" events within ${ms} ms`); } }),
+    ),
+  );
+}
+
+/** Resolves when `signal` aborts, with its reason. */
+export function aborted(signal: AbortSignal): Promise<unknown> {
+  if (signal.aborted) return Promise.resolve(signal.reason);
+  return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
+}
+
+/** A promise with its resolve function outside, for hand-made synchronisation points. */
+export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => void } {
+  let open!: (value: T) => void;
+  const promise = new Promise<T>((resolve) => (open = resolve));
+  return { promise, open };
+}

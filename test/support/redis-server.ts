@@ -1,0 +1,150 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+
+/**
+ * A private `redis-server` for one test file: started on a free loopback port, with nothing saved
+ * to disk, stopped by pid. Tests never touch a server they did not start.
+ */
+export class RedisServer {
+  private child: ChildProcess | undefined;
+  private readonly dir = mkdtempSync(join(tmpdir(), 'nestjs-locked-redis-'));
+  private readonly clients: Redis[] = [];
+
+  private constructor(
+    readonly port: number,
+    private readonly extraArgs: string[],
+  ) {}
+
+  /** Starts a server on a free port and resolves once it accepts connections. */
+  static async start(extraArgs: string[] = []): Promise<RedisServer> {
+    for (let attempt = 0; ; attempt++) {
+      const server = new RedisServer(await freePort(), extraArgs);
+      try {
+        await server.launch();
+        return server;
+      } catch (error) {
+        // Another process may have taken the port between probing and binding: try another.
+        if (attempt >= 4) throw error;
+      }
+    }
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  get running(): boolean {
+    return this.child !== undefined;
+  }
+
+  /** A client for the test's own inspection, closed by `stop()`. */
+  client(): Redis {
+    const c = new Redis(this.port, '127.0.0.1', { lazyConnect: false, maxRetriesPerRequest: 1 });
+    c.on('error', () => undefined);
+    this.clients.push(c);
+    return c;
+  }
+
+  /** Starts the server process on this server's port (again, after `kill()`). */
+  async launch(): Promise<void> {
+    if (this.child) throw new Error('redis-server already running');
+    const child = spawn(
+      'redis-server',
+      ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, '--daemonize', 'no', ...this.extraArgs],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    this.child = child;
+    running.add(child);
+    child.once('exit', () => {
+      running.delete(child);
+      if (this.child === child) this.child = undefined;
+    });
+    await new Promise<void>((resolve, reject) => {
+      let log = '';
+      const onData = (chunk: Buffer) => {
+        log += chunk.toString();
+        if (log.includes('Ready to accept connections')) {
+          child.stdout!.off('data', onData);
+          child.stdout!.resume();
+          child.stderr!.resume();
+          resolve();
+        }
+      };
+      child.stdout!.on('data', onData);
+      child.once('exit', (code) => reject(new Error(`redis-server on port ${this.port} exited (${code}) before it was ready:\n${log}`)));
+      child.once('error', reject);
+    });
+  }
+
+  /** Kills the process (SIGKILL: nothing is saved) and waits until it is gone. */
+  async kill(): Promise<void> {
+    await this.signal('SIGKILL');
+  }
+
+  /** Freezes the process (SIGSTOP): connections stay open, nothing answers. */
+  pause(): void {
+    this.child?.kill('SIGSTOP');
+  }
+
+  resume(): void {
+    this.child?.kill('SIGCONT');
+  }
+
+  /** Stops the server by pid and closes the test's clients. */
+  async stop(): Promise<void> {
+    for (const c of this.clients.splice(0)) c.disconnect();
+    this.resume();
+    await this.signal('SIGTERM');
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  private async signal(sig: NodeJS.Signals): Promise<void> {
+    const child = this.child;
+    if (!child) return;
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill(sig);
+    const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
+    await exited;
+    clearTimeout(timer);
+  }
+}
+
+const running = new Set<ChildProcess>();
+// If a test file (or a benchmark) dies before its cleanup, take its servers with it: on exit, and
+// on SIGTERM / SIGINT, after which the signal is raised again so the process still ends as asked.
+const killAll = () => {
+  for (const child of running) child.kill('SIGKILL');
+};
+process.once('exit', killAll);
+for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+  process.once(signal, () => {
+    killAll();
+    process.kill(process.pid, signal);
+  });
+}
+
+/** A TCP port free on 127.0.0.1 right now. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => (typeof address === 'object' && address ? resolve(address.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+/** Whether `redis-server` is on the PATH. */
+export function redisServerAvailable(): boolean {
+  return spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0;
+}
