@@ -1,0 +1,46 @@
+// A benchmark child process with `workers` contenders on one key, driven by the parent over IPC:
+// - {type:'round'}: every worker acquires once (hold ~1 ms, release); replies with the events.
+//   Within a round every acquisition after the first is a handoff to a waiter.
+// - {type:'loop', until}: every worker loops acquire / hold / release / retry until `until` (a
+//   tight loop, for fairness); replies with the events.
+// - {type:'stop'}: closes and exits.
+// Times are on a clock shared by processes (timeOrigin + now). argv: kind redisUrl key workers processIndex
+import { performance } from 'node:perf_hooks';
+import { makeLocker, type LockerKind } from './lockers.js';
+
+const [kind, url, key, workers, processIndex] = process.argv.slice(2) as [LockerKind, string, string, string, string];
+const clock = () => performance.timeOrigin + performance.now();
+const hold = () => new Promise((resolve) => setTimeout(resolve, 1));
+const locker = await makeLocker(kind, url);
+
+async function once(worker: string, acquisitions: { worker: string; at: number }[], releases: number[]) {
+  const release = await locker.acquire(key);
+  acquisitions.push({ worker, at: clock() });
+  await hold();
+  releases.push(clock());
+  await release();
+}
+
+process.on('message', async (m: { type: string; until?: number }) => {
+  const acquisitions: { worker: string; at: number }[] = [];
+  const releases: number[] = [];
+  const ids = Array.from({ length: Number(workers) }, (_, w) => `${processIndex}:${w}`);
+  if (m.type === 'round') {
+    await Promise.all(ids.map((id) => once(id, acquisitions, releases)));
+    process.send!({ type: 'events', acquisitions, releases });
+  } else if (m.type === 'loop') {
+    await Promise.all(
+      ids.map(async (id) => {
+        while (clock() < m.until!) {
+          await once(id, acquisitions, releases);
+          await new Promise((r) => setImmediate(r));
+        }
+      }),
+    );
+    process.send!({ type: 'events', acquisitions, releases });
+  } else if (m.type === 'stop') {
+    await locker.close();
+    process.disconnect();
+  }
+});
+process.send!({ type: 'ready' });

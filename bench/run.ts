@@ -1,0 +1,289 @@
+// `npm run bench`: every scenario of BENCHMARKS.md against one private redis-server, each repeated
+// (BENCH_REPEATS, default 3) and reported as the median run. Ratios are computed within this run
+// only, so the noise of a shared machine cancels out. Writes bench/results/latest.json and
+// BENCHMARKS.md. BENCH_ONLY=1,3 runs some scenarios only (and does not rewrite BENCHMARKS.md).
+import autocannon from 'autocannon';
+import { fork } from 'node:child_process';
+import { writeFileSync, readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { dirname, join } from 'node:path';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { LockService } from '../lib/index.js';
+import { RedisServer } from '../test/support/redis-server.js';
+import { makeLocker, type LockerKind } from './lockers.js';
+import { jain, percentile, round } from './stats.js';
+import { writeReport } from './report.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repoRoot = join(here, '..', '..');
+const REPEATS = Number(process.env.BENCH_REPEATS ?? 3);
+const ONLY = (process.env.BENCH_ONLY ?? '1,2,3,4,5').split(',').map(Number);
+const log = (...args: unknown[]) => console.log(`[bench ${new Date().toISOString().slice(11, 19)}]`, ...args);
+
+type Row = Record<string, number | string | number[]>;
+
+/**
+ * Runs every kind once per round, REPEATS rounds, in a rotated order each round (so no library is
+ * always the cold first one), and keeps each kind's median run by `by`.
+ */
+async function interleaved<K extends string>(kinds: K[], fn: (kind: K) => Promise<Row>, by: string): Promise<Record<K, Row>> {
+  const runs = new Map<K, Row[]>(kinds.map((k) => [k, []]));
+  for (let round = 0; round < REPEATS; round++) {
+    const order = kinds.map((_, i) => kinds[(i + round) % kinds.length]!);
+    for (const kind of order) runs.get(kind)!.push(await fn(kind));
+  }
+  const out = {} as Record<K, Row>;
+  for (const [kind, rows] of runs) {
+    const sorted = [...rows].sort((a, b) => Number(a[by]) - Number(b[by]));
+    out[kind] = { ...sorted[Math.floor(sorted.length / 2)]!, runs: rows.map((r) => Number(r[by])) };
+    log(kind, out[kind]);
+  }
+  return out;
+}
+
+/** Runs `fn` REPEATS times and keeps the run whose `by` is the median. */
+async function repeated<T extends Row>(fn: () => Promise<T>, by: keyof T): Promise<T & { runs: number[] }> {
+  const runs: T[] = [];
+  for (let i = 0; i < REPEATS; i++) runs.push(await fn());
+  const sorted = [...runs].sort((a, b) => Number(a[by]) - Number(b[by]));
+  return { ...sorted[Math.floor(sorted.length / 2)]!, runs: runs.map((r) => Number(r[by])) };
+}
+
+let keySeq = 0;
+const freshKey = () => `bench:${process.pid}:${++keySeq}`;
+
+// 1. One client, sequential acquire + release on fresh keys.
+async function sequential(kind: LockerKind, url: string, pairs = 2_000): Promise<Row> {
+  const locker = await makeLocker(kind, url);
+  for (let i = 0; i < 200; i++) await (await locker.acquire(freshKey()))(); // warm-up
+  const latencies: number[] = [];
+  const started = performance.now();
+  for (let i = 0; i < pairs; i++) {
+    const t = performance.now();
+    await (await locker.acquire(freshKey()))();
+    latencies.push(performance.now() - t);
+  }
+  const elapsed = performance.now() - started;
+  await locker.close();
+  return { pairsPerSec: round((pairs / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+}
+
+async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
+  const client = new Redis(url);
+  for (let i = 0; i < 200; i++) await client.ping();
+  const latencies: number[] = [];
+  const started = performance.now();
+  for (let i = 0; i < count; i++) {
+    const t = performance.now();
+    await client.ping();
+    latencies.push(performance.now() - t);
+  }
+  const elapsed = performance.now() - started;
+  await client.quit();
+  return { pingsPerSec: round((count / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+}
+
+// 2. 64 concurrent workers on distinct keys.
+async function concurrent(kind: LockerKind, url: string, workers = 64, pairsEach = 150): Promise<Row> {
+  const locker = await makeLocker(kind, url);
+  await Promise.all(Array.from({ length: workers }, async () => (await locker.acquire(freshKey()))()));
+  const latencies: number[] = [];
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      for (let i = 0; i < pairsEach; i++) {
+        const t = performance.now();
+        await (await locker.acquire(freshKey()))();
+        latencies.push(performance.now() - t);
+      }
+    }),
+  );
+  const elapsed = performance.now() - started;
+  await locker.close();
+  return { pairsPerSec: round(((workers * pairsEach) / elapsed) * 1000, 0), p99Ms: round(percentile(latencies, 99), 3) };
+}
+
+// 3. 8 contenders on one key, in 1 process x 8 or 2 processes x 4.
+interface Events {
+  acquisitions: { worker: string; at: number }[];
+  releases: number[];
+}
+
+async function contended(kind: LockerKind, url: string, processes: number, budgetMs = 2_000): Promise<Row> {
+  const key = freshKey();
+  const children = Array.from({ length: processes }, (_, p) =>
+    fork(join(here, 'contender.js'), [kind, url, key, String(8 / processes), String(p)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
+  );
+  const next = (child: (typeof children)[number], type: string) =>
+    new Promise<Record<string, unknown>>((resolve, reject) => {
+      const onExit = (code: number | null) => reject(new Error(`contender exited (${code}) before "${type}"`));
+      const onMessage = (m: Record<string, unknown>) => {
+        if (m.type !== type) return;
+        child.off('message', onMessage);
+        child.off('exit', onExit);
+        resolve(m);
+      };
+      child.on('message', onMessage);
+      child.once('exit', onExit);
+    });
+  const everyone = async (message: Record<string, unknown>): Promise<Events> => {
+    const replies = children.map((c) => next(c, 'events'));
+    for (const c of children) c.send(message);
+    const all = (await Promise.all(replies)) as unknown as Events[];
+    return {
+      acquisitions: all.flatMap((e) => e.acquisitions).sort((a, b) => a.at - b.at),
+      releases: all.flatMap((e) => e.releases).sort((a, b) => a - b),
+    };
+  };
+  await Promise.all(children.map((c) => next(c, 'ready')));
+
+  // Handoff latency: rounds in which each worker takes the lock once. Every acquisition after the
+  // first of a round is a waiter getting the lock; its handoff starts when the previous holder
+  // started to release.
+  const handoffs: number[] = [];
+  let acquired = 0;
+  let roundTime = 0;
+  for (let round = 0; round < 3 || roundTime < budgetMs; round++) {
+    const started = performance.now();
+    const { acquisitions, releases } = await everyone({ type: 'round' });
+    roundTime += performance.now() - started;
+    acquired += acquisitions.length;
+    for (let i = 1; i < acquisitions.length; i++) {
+      const previous = releases.filter((t) => t <= acquisitions[i]!.at).at(-1);
+      if (previous !== undefined) handoffs.push(acquisitions[i]!.at - previous);
+    }
+    if (round >= 50) break;
+  }
+
+  // Fairness: a tight loop (acquire, hold, release, retry at once) for the same budget.
+  const { acquisitions } = await everyone({ type: 'loop', until: performance.timeOrigin + performance.now() + budgetMs });
+  const perWorker = new Map<string, number>();
+  for (const a of acquisitions) perWorker.set(a.worker, (perWorker.get(a.worker) ?? 0) + 1);
+  const counts = Array.from({ length: processes }, (_, p) => Array.from({ length: 8 / processes }, (_, w) => perWorker.get(`${p}:${w}`) ?? 0)).flat();
+  let switches = 0;
+  for (let i = 1; i < acquisitions.length; i++) if (acquisitions[i]!.worker !== acquisitions[i - 1]!.worker) switches++;
+
+  for (const c of children) c.send({ type: 'stop' });
+  await Promise.all(children.map((c) => new Promise((resolve) => (c.exitCode !== null ? resolve(null) : c.once('exit', resolve)))));
+  return {
+    acquisitionsPerSec: round((acquired / roundTime) * 1000, 0),
+    handoffP50Ms: round(percentile(handoffs, 50), 3),
+    handoffP99Ms: round(percentile(handoffs, 99), 3),
+    loopAcquisitionsPerSec: round((acquisitions.length / budgetMs) * 1000, 0),
+    fairness: round(jain(counts), 3),
+    handoffsToAnotherWorker: round(acquisitions.length > 1 ? switches / (acquisitions.length - 1) : 0, 3),
+  };
+}
+
+// 4. A @Locked HTTP endpoint under load, against no lock and a hand-written lock.
+async function http(url: string, durationS = 5): Promise<Record<string, Row>> {
+  const child = fork(join(here, 'http-app.js'), [url], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const base = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
+  const out: Record<string, Row> = {};
+  for (const endpoint of ['none', 'locked', 'manual']) {
+    await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: 1 }); // warm-up
+    const result = await repeated(async () => {
+      const r = await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: durationS });
+      return { requestsPerSec: round(r.requests.average, 0), p99Ms: r.latency.p99, errors: r.errors + r.non2xx };
+    }, 'requestsPerSec');
+    out[endpoint] = result;
+    log(`http ${endpoint}`, result);
+  }
+  child.send({ type: 'stop' });
+  await new Promise((resolve) => child.once('exit', resolve));
+  return out;
+}
+
+// 5. 10 000 locks held at once under the watchdog.
+async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<Row> {
+  const gc = (globalThis as { gc?: () => void }).gc;
+  if (!gc) throw new Error('run with --expose-gc');
+  const raw = new Redis(url);
+  const locks = new LockService({ redis: url, leaseMs, waitMs: 0 });
+  await locks.onModuleInit();
+  gc();
+  const heapBefore = process.memoryUsage().heapUsed;
+  const handles = [];
+  for (let i = 0; i < count; i += 500) {
+    handles.push(...(await Promise.all(Array.from({ length: Math.min(500, count - i) }, () => locks.acquire(freshKey())))));
+  }
+  gc();
+  const heapAfter = process.memoryUsage().heapUsed;
+  await raw.config('RESETSTAT');
+  const delay = monitorEventLoopDelay({ resolution: 10 });
+  delay.enable();
+  const periods = 3;
+  const started = performance.now();
+  await new Promise((r) => setTimeout(r, (periods * leaseMs) / 3 + 100));
+  delay.disable();
+  const elapsedPeriods = (performance.now() - started) / (leaseMs / 3);
+  const stats = await raw.info('commandstats');
+  const calls = ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+  const lost = handles.filter((h) => h.signal.aborted).length;
+  await Promise.all(handles.map((h) => h.release()));
+  await locks.onApplicationShutdown();
+  await raw.quit();
+  return {
+    locks: count,
+    redisCallsPerRenewalPeriod: round(calls / elapsedPeriods, 1),
+    targetCallsPerPeriod: Math.ceil(count / 100),
+    eventLoopDelayP99Ms: round(delay.percentile(99) / 1e6, 2),
+    heapBytesPerLock: round((heapAfter - heapBefore) / count, 0),
+    lost,
+  };
+}
+
+async function main() {
+  const redis = await RedisServer.start();
+  const url = redis.url;
+  const redisVersion = /redis_version:(\S+)/.exec(await redis.client().info('server'))?.[1] ?? '?';
+  const results: Record<string, unknown> = {
+    date: new Date().toISOString(),
+    machine: { cores: cpus().length, cpu: cpus()[0]?.model, node: process.version, redis: redisVersion },
+    repeats: REPEATS,
+    command: 'npm run bench',
+  };
+  try {
+    const simple: LockerKind[] = ['raw', 'nestjs-locked', 'redlock', 'sesame-redlock', 'redis-semaphore'];
+    if (ONLY.includes(1)) {
+      log('1. sequential');
+      const ping = await repeated(() => pingRoundTrip(url), 'pingsPerSec');
+      results.sequential = { ping, ...(await interleaved(simple, (kind) => sequential(kind, url), 'pairsPerSec')) };
+    }
+    if (ONLY.includes(2)) {
+      log('2. 64 concurrent workers');
+      results.concurrent = await interleaved(simple, (kind) => concurrent(kind, url), 'pairsPerSec');
+    }
+    if (ONLY.includes(3)) {
+      const s3: Record<string, Record<string, Row>> = {};
+      const kinds: LockerKind[] = ['raw', 'nestjs-locked', 'nestjs-locked-fair', 'redlock', 'redlock-10ms', 'sesame-redlock', 'sesame-redlock-10ms', 'redis-semaphore'];
+      for (const processes of [1, 2]) {
+        const topology = processes === 1 ? '1x8' : '2x4';
+        s3[topology] = {};
+        for (const kind of kinds) {
+          s3[topology]![kind] = await repeated(() => contended(kind, url, processes), 'handoffP50Ms');
+          log('contended', topology, kind, s3[topology]![kind]);
+        }
+      }
+      results.contended = s3;
+    }
+    if (ONLY.includes(4)) results.http = await http(url);
+    if (ONLY.includes(5)) {
+      results.manyHeld = await repeated(() => manyHeld(url), 'eventLoopDelayP99Ms');
+      log('10 000 held', results.manyHeld);
+    }
+  } finally {
+    await redis.stop();
+  }
+  const file = join(repoRoot, 'bench', 'results', ONLY.length === 5 ? 'latest.json' : `partial-${ONLY.join('-')}.json`);
+  writeFileSync(file, JSON.stringify(results, null, 2) + '\n');
+  log('wrote', file);
+  if (ONLY.length === 5) {
+    writeReport(JSON.parse(readFileSync(file, 'utf8')), join(repoRoot, 'BENCHMARKS.md'));
+    log('wrote BENCHMARKS.md');
+  }
+}
+
+await main();
