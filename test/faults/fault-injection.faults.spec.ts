@@ -12,7 +12,8 @@ import { RedisServer } from '../support/redis-server.js';
  */
 const LEASE = 1_000;
 const KEYS = 3;
-const clock = () => performance.timeOrigin + performance.now();
+/** CLOCK_MONOTONIC in ms: the same clock in every process on this machine (the workers use it too). */
+const clock = () => Number(process.hrtime.bigint()) / 1e6;
 
 describe('fault injection', () => {
   let lockRedis: RedisServer;
@@ -23,6 +24,8 @@ describe('fault injection', () => {
   const pids: number[] = [];
   let started = 0;
   let spawned = 0;
+  /** When the lock Redis was killed and when its replacement was ready (it forgot every lock). */
+  let dataLoss: { killedAt: number; readyAt: number } | undefined;
 
   const spawn = async () => {
     const name = `p${++spawned}`;
@@ -124,9 +127,11 @@ describe('fault injection', () => {
     await Promise.race(arrivals);
     await new Promise((r) => setTimeout(r, 200)); // a moment for more holders to come in
     const inside = [...holders];
+    const killedAt = clock();
     await lockRedis.kill();
     const restartedAt = clock();
     await lockRedis.launch();
+    dataLoss = { killedAt, readyAt: clock() };
     pids.push(lockRedis.pid!);
     expect(inside.length).toBeGreaterThan(0);
     for (const { child, holding } of inside) {
@@ -138,7 +143,7 @@ describe('fault injection', () => {
     await Promise.all(arrivals);
   });
 
-  it('never had two owners in the critical section unless the earlier one had been told, and the counters are exact', async () => {
+  it('never had two owners in the critical section unless the earlier one had been told or Redis forgot its lock, and the counters are exact', async () => {
     for (const [name, c] of children) if (!killed.has(name)) c.send({ type: 'stop' });
     const live = [...children.entries()].filter(([n]) => !killed.has(n));
     await Promise.all(live.map(([, c]) => c.next('done', undefined, 30_000)));
@@ -158,14 +163,23 @@ describe('fault injection', () => {
       });
     expect(sections.filter((s) => s.exit === Infinity)).toEqual([]); // every section ended (or its process was killed)
     let overlaps = 0;
+    let forgotten = 0;
     const staleSections = new Set<object>();
+    // A section that began before the restarted Redis was ready and ended after the kill had its
+    // lock forgotten by Redis (no persistence): another owner may get in before this holder's next
+    // renewal or release tells it. That is the documented limit; the fenced counter must stay exact.
+    const spansDataLoss = (s: { enter: number; exit: number }) => dataLoss !== undefined && s.enter < dataLoss.readyAt && s.exit > dataLoss.killedAt;
     for (let k = 0; k < KEYS; k++) {
       const ordered = sections.filter((s) => s.key === `k${k}`).sort((a, b) => a.enter - b.enter);
       for (let i = 0; i < ordered.length; i++) {
         for (let j = i + 1; j < ordered.length && ordered[j]!.enter < ordered[i]!.exit; j++) {
           overlaps++;
           staleSections.add(ordered[i]!);
-          expect({ earlier: ordered[i], later: ordered[j]!.child, told: ordered[i]!.told }).toMatchObject({ told: true });
+          if (!ordered[i]!.told && spansDataLoss(ordered[i]!)) {
+            forgotten++;
+            continue;
+          }
+          expect({ earlier: ordered[i], later: ordered[j], dataLoss, told: ordered[i]!.told }).toMatchObject({ told: true });
         }
       }
       // The protected counter is exact: one accepted increment per log entry, none lost.
@@ -174,8 +188,8 @@ describe('fault injection', () => {
     expect(sections.length).toBeGreaterThan(100);
     expect(overlaps).toBeGreaterThan(0); // the faults did produce overlaps, all of them told
     console.log(
-      `fault suite: ${sections.length} critical sections; ${staleSections.size} stale sections (told of their loss, write skipped) ` +
-        `overlapped ${overlaps} later ones; ${((performance.now() - started) / 1000).toFixed(1)} s`,
+      `fault suite: ${sections.length} critical sections; ${staleSections.size} stale sections ` +
+        `overlapped ${overlaps} later ones (${forgotten} of them across the Redis restart, untold); ${((performance.now() - started) / 1000).toFixed(1)} s`,
     );
   });
 
