@@ -488,6 +488,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
+    if (result.granted && result.holdCount === 1 && now() >= start + o.leaseMs) {
+      // The grant came back after its own lease had run out (this process was paused, or its event
+      // loop blocked, while the reply waited): another owner may hold the key by now. Never hand
+      // out a lock that is already lost; give our hold back and try again like a contended attempt.
+      await this.store.releaseAll(key, owner, o.mode).catch(() => undefined);
+      return { result: { granted: false, ttlMs: 0 }, start };
+    }
     return { result, start };
   }
 

@@ -81,6 +81,25 @@ describe('renewal and loss', () => {
     expect(reason.reason).toBe('lease-expired');
   });
 
+  it('never hands out a grant whose lease ran out before its reply was read (the event loop was blocked meanwhile)', async () => {
+    const events: string[] = [];
+    const watching = app.locks.events$.subscribe((e) => events.push(e.type));
+    // The acquire command leaves at once; its reply waits behind a CPU hog longer than the lease.
+    const pending = app.locks.acquire('stale-grant:1', { leaseMs: 300 });
+    const until = performance.now() + 500;
+    while (performance.now() < until) {
+      /* blocked */
+    }
+    const lock = await pending;
+    watching.unsubscribe();
+    // The stale grant was given back and the lock taken again: the handle is live, with a fresh lease.
+    expect(lock.signal.aborted).toBe(false);
+    expect(events).toEqual(['contended', 'acquired']);
+    expect(await app.locks.remainingTtl('stale-grant:1')).toBeGreaterThan(200);
+    await lock.release();
+    expect(await app.locks.isLocked('stale-grant:1')).toBe(false);
+  });
+
   it('renews many held locks in a few batched calls per period, not one call per lock', async () => {
     const raw = redis.client();
     const keys = Array.from({ length: 1_200 }, (_, i) => `many:${i}`);
