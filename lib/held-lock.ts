@@ -27,6 +27,8 @@ export class HeldLock {
     readonly fencingToken: number,
     leaseStart: number,
     readonly mode: LockMode = 'exclusive',
+    /** Clock drift allowance to take off a lease's local deadline (Redlock). */
+    private readonly drift: (leaseMs: number) => number = () => 0,
   ) {
     this.setLease(leaseStart, leaseMs);
   }
@@ -34,7 +36,7 @@ export class HeldLock {
   /** A lease of `leaseMs` was set in Redis by a command sent at monotonic time `start`. */
   setLease(start: number, leaseMs: number): void {
     this.leaseMs = leaseMs;
-    this.deadline = start + leaseMs;
+    this.deadline = start + leaseMs - this.drift(leaseMs);
     this.renewAt = this.watchdog ? start + leaseMs / 3 : Infinity;
   }
 

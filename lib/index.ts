@@ -2,7 +2,7 @@ export { LockModule, type LockModuleAsyncOptions, type LockModuleGlobal, type Lo
 export { LockService, type LockHealth } from './lock.service.js';
 export { LockHandle } from './lock-handle.js';
 export { LOCK_MODULE_OPTIONS } from './lock.constants.js';
-export { MAX_DURATION_MS, MIN_LEASE_MS, type LockModuleOptions, type LockOptions } from './lock-options.js';
+export { MAX_DURATION_MS, MIN_LEASE_MS, type LockModuleOptions, type LockOptions, type RedisClusterConnection, type RedisConnection, type ReplicationOptions, type RedlockOptions } from './lock-options.js';
 export { MAX_KEY_LENGTH } from './lock-key.js';
 export type * from './lock-events.js';
 export { LockError } from './errors/lock.error.js';
@@ -11,6 +11,8 @@ export { LockLostError, type LockLossReason } from './errors/lock-lost.error.js'
 export { LockKeyError } from './errors/lock-key.error.js';
 export { LockConfigurationError } from './errors/lock-configuration.error.js';
 export { LockBackendError } from './errors/lock-backend.error.js';
+export { LockReplicationError } from './errors/lock-replication.error.js';
+export { LockQuorumError, type RedlockVote } from './errors/lock-quorum.error.js';
 export { Locked, type LockedKey } from './decorators/locked.decorator.js';
 export { LockInterceptor } from './lock.interceptor.js';
 export type { ContentionPolicy, LockedOptions } from './lock-options.js';

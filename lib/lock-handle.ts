@@ -1,3 +1,4 @@
+import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { HeldLock } from './held-lock.js';
 import type { LockContext } from './lock-context.js';
 
@@ -49,6 +50,12 @@ export class LockHandle {
    * README's guarantees). Re-entries share the token of the grant they re-enter.
    */
   get fencingToken(): number {
+    if (Number.isNaN(this.lock.fencingToken)) {
+      throw new LockConfigurationError(
+        'fencingToken',
+        `Lock "${this.lock.key}" has no fencing token: with redlock, counters on independent masters cannot be made monotonic together. Use one Redis server, Sentinel or Cluster where fencing matters.`,
+      );
+    }
     return this.lock.fencingToken;
   }
 

@@ -1,4 +1,4 @@
-import type { Redis, RedisOptions } from 'ioredis';
+import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { LockMode } from './store/lock-store.js';
 
@@ -15,11 +15,13 @@ export const MIN_LEASE_MS = 100;
  */
 export interface LockModuleOptions {
   /**
-   * Where Redis is: a `redis://` / `rediss://` URL, ioredis `RedisOptions`, or an ioredis client you
-   * created. A client you pass in is never closed by nestjs-locked; one it creates is closed on
-   * shutdown. Default: `redis://127.0.0.1:6379`.
+   * Where Redis is: a `redis://` / `rediss://` URL, ioredis `RedisOptions` (including Sentinel's
+   * `sentinels` + `name`), an ioredis `Redis` or `Cluster` client you created, or
+   * `{ cluster: [nodes], options? }` for a Redis Cluster. A client you pass in is never closed by
+   * nestjs-locked; one it creates is closed on shutdown. Default: `redis://127.0.0.1:6379`.
+   * See the README's topology table.
    */
-  redis?: string | RedisOptions | Redis;
+  redis?: RedisConnection;
   /**
    * Where the locks live: `'redis'` (default), or `'memory'`, an in-process store with the same
    * semantics for tests and single-process apps. A memory store protects nothing across
@@ -55,6 +57,41 @@ export interface LockModuleOptions {
    * Default 5 000.
    */
   fairQueueTimeoutMs?: number;
+  /**
+   * Replica confirmation (Redis `WAIT`) on a single server or a Sentinel-managed master: after every
+   * acquire, renew and release, wait until `replicas` replicas acknowledged it, at most `timeoutMs`.
+   * Not available on Redis Cluster or with `redlock`. See the README's topology table.
+   */
+  replication?: ReplicationOptions;
+  /**
+   * The Redlock quorum over independent Redis masters (3 or 5, never replicas of each other):
+   * a lock is held when a majority of them granted it within its validity. Replaces `redis`.
+   */
+  redlock?: RedlockOptions;
+}
+
+/** Replica confirmation with Redis `WAIT` (see `LockModuleOptions.replication`). */
+export interface ReplicationOptions {
+  /** How many replicas must acknowledge each step. At least 1. */
+  replicas: number;
+  /** How long to wait for them, in ms. Default 100. `WAIT` blocks the lock connection meanwhile. */
+  timeoutMs?: number;
+  /**
+   * What to do with an acquisition fewer replicas acknowledged in time: `'rollback'` (default)
+   * gives it back and rejects with `LockReplicationError`; `'keep'` keeps it and logs a warning.
+   */
+  onUnconfirmedAcquire?: 'rollback' | 'keep';
+}
+
+/** The Redlock quorum (see `LockModuleOptions.redlock`). */
+export interface RedlockOptions {
+  /** The independent masters: URLs, ioredis options or ioredis clients. At least 3; an odd number. */
+  clients: (string | RedisOptions | Redis)[];
+  /**
+   * Clock drift allowance as a share of the lease (default 0.01): a grant is valid for
+   * lease − time spent acquiring − lease × driftFactor − 2 ms.
+   */
+  driftFactor?: number;
 }
 
 /**
@@ -129,10 +166,19 @@ export interface LockOptions {
   mode?: 'read' | 'write';
 }
 
+/** Where Redis is (see `LockModuleOptions.redis`). */
+export type RedisConnection = string | RedisOptions | Redis | Cluster | RedisClusterConnection;
+
+/** A Redis Cluster nestjs-locked connects to itself: its startup nodes and ioredis `ClusterOptions`. */
+export interface RedisClusterConnection {
+  cluster: ClusterNode[];
+  options?: ClusterOptions;
+}
+
 /** Module options after defaults and validation. */
 export interface ResolvedModuleOptions {
   store: 'redis' | 'memory';
-  redis: string | RedisOptions | Redis;
+  redis: RedisConnection;
   keyPrefix: string;
   leaseMs: number;
   watchdog: boolean;
@@ -142,6 +188,8 @@ export interface ResolvedModuleOptions {
   minHoldMs: number;
   contendedHttpStatus: 409 | 423;
   fairQueueTimeoutMs: number;
+  replication: Required<ReplicationOptions> | undefined;
+  redlock: Required<RedlockOptions> | undefined;
 }
 
 /** Per-call options after defaults and validation. */
@@ -167,6 +215,8 @@ const MODULE_OPTION_NAMES = [
   'minHoldMs',
   'contendedHttpStatus',
   'fairQueueTimeoutMs',
+  'replication',
+  'redlock',
 ] as const;
 const LOCKED_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'onContention', 'minHoldMs', 'fair', 'mode'] as const;
 const CONTENTION_POLICIES: readonly ContentionPolicy[] = ['wait', 'fail', 'skip'];
@@ -183,6 +233,20 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
   }
   const o = options as Record<string, unknown>;
   rejectUnknown(o, MODULE_OPTION_NAMES, where);
+  const redlock = redlockOption(o.redlock, where);
+  if (redlock && o.redis !== undefined) {
+    throw new LockConfigurationError('redlock', `${where}: give either redis (one server, Sentinel or Cluster) or redlock (independent masters), not both.`);
+  }
+  if (redlock && o.store === 'memory') {
+    throw new LockConfigurationError('redlock', `${where}: store 'memory' keeps locks in this process; leave redlock out with it.`);
+  }
+  const replication = replicationOption(o.replication, where);
+  if (replication && (redlock || isClusterConnection(o.redis))) {
+    throw new LockConfigurationError(
+      'replication',
+      `${where}: replication (WAIT) works on one server or a Sentinel-managed master only; ${redlock ? 'Redlock already needs a majority of masters' : 'on Redis Cluster WAIT cannot follow a lock to its master'}. Leave replication out.`,
+    );
+  }
   return {
     store: storeOption(o.store, where),
     redis: redisOption(o.redis),
@@ -195,7 +259,66 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
     minHoldMs: duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 }),
     contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),
     fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: 5_000 }),
+    replication,
+    redlock,
   };
+}
+
+function isClusterConnection(value: unknown): boolean {
+  const v = value as Record<string, unknown> | null | undefined;
+  return typeof v === 'object' && v !== null && ('cluster' in v || v.isCluster === true);
+}
+
+function replicationOption(value: unknown, where: string): Required<ReplicationOptions> | undefined {
+  if (value === undefined) return undefined;
+  const name = 'replication';
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new LockConfigurationError(name, `${where}: replication must be an object like { replicas: 1, timeoutMs: 100 }; got ${describe(value)}.`);
+  }
+  const o = value as Record<string, unknown>;
+  rejectUnknown(o, ['replicas', 'timeoutMs', 'onUnconfirmedAcquire'], `${where}: replication`);
+  if (typeof o.replicas !== 'number' || !Number.isInteger(o.replicas) || o.replicas < 1 || o.replicas > 100) {
+    throw new LockConfigurationError('replication.replicas', `${where}: replication.replicas must be a whole number of replicas from 1 to 100; got ${describe(o.replicas)}.`);
+  }
+  const onUnconfirmedAcquire = o.onUnconfirmedAcquire ?? 'rollback';
+  if (onUnconfirmedAcquire !== 'rollback' && onUnconfirmedAcquire !== 'keep') {
+    throw new LockConfigurationError('replication.onUnconfirmedAcquire', `${where}: replication.onUnconfirmedAcquire must be 'rollback' or 'keep'; got ${describe(o.onUnconfirmedAcquire)}.`);
+  }
+  return {
+    replicas: o.replicas,
+    timeoutMs: duration(o.timeoutMs, 'replication.timeoutMs', where, { min: 1, fallback: 100 }),
+    onUnconfirmedAcquire,
+  };
+}
+
+function redlockOption(value: unknown, where: string): Required<RedlockOptions> | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new LockConfigurationError('redlock', `${where}: redlock must be an object like { clients: [url1, url2, url3] }; got ${describe(value)}.`);
+  }
+  const o = value as Record<string, unknown>;
+  rejectUnknown(o, ['clients', 'driftFactor'], `${where}: redlock`);
+  if (!Array.isArray(o.clients) || o.clients.length < 3 || o.clients.length % 2 === 0) {
+    throw new LockConfigurationError(
+      'redlock.clients',
+      `${where}: redlock.clients must list an odd number of at least 3 independent Redis masters (3 or 5 is usual); got ${Array.isArray(o.clients) ? `${o.clients.length}` : describe(o.clients)}.`,
+    );
+  }
+  const clients = o.clients.map((c) => {
+    if (isClusterConnection(c)) {
+      throw new LockConfigurationError('redlock.clients', `${where}: redlock.clients are independent masters; a Redis Cluster cannot be one of them.`);
+    }
+    const client = redisOption(c);
+    if (typeof client === 'object' && !isRedisClient(client) && Array.isArray((client as RedisOptions).sentinels)) {
+      throw new LockConfigurationError('redlock.clients', `${where}: redlock.clients are independent masters; do not give Sentinel options (a failover would break the quorum's assumptions).`);
+    }
+    return client as string | RedisOptions | Redis;
+  });
+  const driftFactor = o.driftFactor ?? 0.01;
+  if (typeof driftFactor !== 'number' || !Number.isFinite(driftFactor) || driftFactor < 0 || driftFactor >= 0.5) {
+    throw new LockConfigurationError('redlock.driftFactor', `${where}: redlock.driftFactor must be a number from 0 to below 0.5 (a share of the lease); got ${describe(o.driftFactor)}.`);
+  }
+  return { clients, driftFactor };
 }
 
 /**
@@ -279,7 +402,7 @@ export function resolveLockOptions(
   return resolved;
 }
 
-function redisOption(value: unknown): string | RedisOptions | Redis {
+function redisOption(value: unknown): RedisConnection {
   if (value === undefined) return 'redis://127.0.0.1:6379';
   if (typeof value === 'string') {
     if (/^rediss?:\/\//i.test(value)) return value;
@@ -291,6 +414,16 @@ function redisOption(value: unknown): string | RedisOptions | Redis {
   if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
     const v = value as Record<string, unknown>;
     if (isRedisClient(v)) return value as Redis;
+    if ('cluster' in v) {
+      if (!Array.isArray(v.cluster) || v.cluster.length === 0) {
+        throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${describe(v.cluster)}.`);
+      }
+      const extra = Object.keys(v).filter((k) => k !== 'cluster' && k !== 'options');
+      if (extra.length > 0) {
+        throw new LockConfigurationError('redis', `redis: { cluster, options } takes no other fields; move ${extra.join(', ')} into options (ioredis ClusterOptions).`);
+      }
+      return value as RedisClusterConnection;
+    }
     if (typeof v.evalSha === 'function' || typeof v.isOpen === 'boolean') {
       throw new LockConfigurationError(
         'redis',

@@ -1,7 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
-import { Redis } from 'ioredis';
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { Subject, type Observable } from 'rxjs';
 import { LockBackendError } from './errors/lock-backend.error.js';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
@@ -30,10 +30,11 @@ import {
 } from './lock-options.js';
 import { Watchdog } from './renewal/watchdog.js';
 import type { LockedSpec } from './decorators/lock-pipeline.js';
-import type { ContentionPolicy } from './lock-options.js';
+import type { ContentionPolicy, RedisClusterConnection, RedisConnection } from './lock-options.js';
 import type { AcquireResult, LockMode, LockStore, ReleaseWatch } from './store/lock-store.js';
 import { MemoryLockStore } from './store/memory/memory-lock.store.js';
-import { RedisLockStore } from './store/redis/redis-lock.store.js';
+import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
+import { RedlockStore } from './store/redlock/redlock.store.js';
 
 /** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this. */
 const MIN_ATTEMPT_MS = 1_000;
@@ -294,6 +295,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     return this.options;
   }
 
+  /** Clock drift taken off local lease deadlines (Redlock; 0 elsewhere). */
+  private readonly drift = (leaseMs: number): number => this.store.driftMs?.(leaseMs) ?? 0;
+
   /** @internal How a `@Locked` method takes its lock under this module's defaults (computed once per method). */
   lockedPlan(spec: LockedSpec): LockedPlan {
     let plan = this.plans.get(spec);
@@ -327,7 +331,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       throw new LockConfigurationError('keys', `${where}: multi-key locks are exclusive; fair and mode apply to one key at a time.`);
     }
     if (this.closing) throw new LockBackendError('acquire', keys.join(', '), new Error('the lock module has shut down'));
-    const acquireMany = this.store.acquireMany?.bind(this.store);
+    const acquireMany = (this.store.groupsAtomically?.(keys) ?? true) ? this.store.acquireMany?.bind(this.store) : undefined;
     if (!acquireMany) return this.takeOneByOne(keys, o, context);
     o.signal?.throwIfAborted();
     const started = now();
@@ -397,22 +401,43 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       debug: (m: string) => this.logger.debug(m),
       warn: (m: string) => this.logger.warn(m),
     };
-    const { redis, keyPrefix } = this.options;
+    const { redis, keyPrefix, replication, redlock } = this.options;
     if (this.options.store === 'memory') return new MemoryLockStore();
-    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log);
+    if (redlock) {
+      const nodes = redlock.clients.map((connection) => {
+        const owned = !isRedisClient(connection);
+        const client = owned ? this.connect(connection) : (connection as Redis);
+        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log);
+        return { name: store.description.replace(/^redis /, ''), store, connected: () => client.status === 'ready' };
+      });
+      return new RedlockStore(nodes, redlock.driftFactor);
+    }
+    if (isRedisClient(redis)) {
+      if (replication && (redis as { isCluster?: boolean }).isCluster) {
+        throw new LockConfigurationError('replication', 'LockModule options: replication (WAIT) works on one server or a Sentinel-managed master only, not on a Redis Cluster client. Leave replication out.');
+      }
+      return new RedisLockStore(redis, false, keyPrefix, log, replication);
+    }
+    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication);
+  }
+
+  /** A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message. */
+  private connect(redis: RedisConnection): RedisClient {
     // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
     // when the socket had already closed; keep it short on connections we own.
-    const client =
-      typeof redis === 'string'
-        ? new Redis(redis, { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS })
-        : new Redis({ disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...(redis as object) });
+    let client: RedisClient;
+    if (typeof redis === 'string') client = new Redis(redis, { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS });
+    else if ('cluster' in redis) {
+      const { cluster, options } = redis as RedisClusterConnection;
+      client = new Cluster(cluster, { ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...options?.redisOptions } });
+    } else client = new Redis({ disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...(redis as RedisOptions) });
     let lastError = '';
     client.on('error', (e: Error) => {
       if (e.message !== lastError) this.logger.warn(`Redis connection: ${e.message}`);
       lastError = e.message;
     });
     client.on('ready', () => (lastError = ''));
-    return new RedisLockStore(client, true, keyPrefix, log);
+    return client;
   }
 
   private contextFor(o: ResolvedLockOptions): LockContext {
@@ -427,6 +452,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   private async take(key: string, o: ResolvedLockOptions, context: LockContext): Promise<LockHandle> {
     if (this.closing) throw new LockBackendError('acquire', key, new Error('the lock module has shut down'));
+    if (o.fair && this.store.supportsFairMode === false) {
+      throw new LockConfigurationError('fair', `fair mode keeps its queue on one Redis; it is not available with ${this.store.description}. Leave fair out.`);
+    }
     o.signal?.throwIfAborted();
     const started = now();
     const deadline = started + o.waitMs;
@@ -511,6 +539,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       if (error instanceof AttemptTimeout) {
         request.then(giveBack, () => undefined).then(undefined, () => undefined);
       }
+      // Our own errors (a replica shortfall, a Redlock quorum) say more than a wrapper would.
+      if (error instanceof LockError) throw error;
       throw new LockBackendError('acquire', what, error);
     }
   }
@@ -535,7 +565,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     } else {
       // A record without a matching hold in Redis means the old grant was lost unnoticed.
       if (lock) void this.markLost(lock, 'taken');
-      lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode);
+      lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
       this.held.set(id, lock);
       this.watchdog.add(lock);
       if (result.holdCount > 1) {

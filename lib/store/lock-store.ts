@@ -20,6 +20,9 @@ export interface LockStore {
    */
   acquireMany?(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult>;
 
+  /** Whether `acquireMany` can take these keys (default: yes); a Cluster store only when they share a slot. */
+  groupsAtomically?(keys: readonly string[]): boolean;
+
   /** Drops one hold of `owner` in `mode`. Returns the holds left (0: dropped), or -1 when `owner` held nothing. */
   release(key: string, owner: string, mode?: LockMode): Promise<number>;
 
@@ -47,6 +50,15 @@ export interface LockStore {
    * and `sleep()` goes unnoticed.
    */
   watch(key: string, owner: string): ReleaseWatch;
+
+  /** False when fencing tokens cannot be issued (Redlock): grants then carry NaN. Default true. */
+  readonly issuesFencingTokens?: boolean;
+
+  /** False when fair mode cannot be offered (Redlock). Default true. */
+  readonly supportsFairMode?: boolean;
+
+  /** How much of a lease to take off local deadlines for clock drift (Redlock). Default 0. */
+  driftMs?(leaseMs: number): number;
 
   /** Stops background work and closes connections this store opened. */
   close(): Promise<void>;

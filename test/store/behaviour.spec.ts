@@ -3,29 +3,42 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { performance } from 'node:perf_hooks';
-import { Locked, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, type LockLostError, type LockModuleOptions } from '../../lib/index.js';
+import { Locked, LockConfigurationError, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, type LockLostError, type LockModuleOptions } from '../../lib/index.js';
+import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
- * The same behaviour, through the public API only, on the Redis store and on the in-process memory
- * store: the two cannot drift apart without this suite failing.
+ * The same behaviour, through the public API only, on every topology: one Redis server, a
+ * 3-master Redis Cluster, the Redlock quorum over 3 independent servers, and the in-process memory
+ * store. They cannot drift apart without this suite failing. Where Redlock differs on purpose (no
+ * fencing tokens, no fair mode), the test says so and checks the refusal instead.
  */
-describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store) => {
+describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('behaviour on the %s store', (store) => {
   let redis: RedisServer | undefined;
+  let cluster: RedisCluster | undefined;
+  let masters: RedisServer[] = [];
   let app: LockApp;
   const outside = new AsyncResource('another-context');
   const elsewhere = <T>(fn: () => Promise<T>) => outside.runInAsyncScope(fn);
-  const start = async (options: LockModuleOptions) =>
-    startLockApp(store === 'redis' ? { ...options, redis: redis!.url } : { ...options, store: 'memory' });
+  const start = async (options: LockModuleOptions) => {
+    if (store === 'redis') return startLockApp({ ...options, redis: redis!.url });
+    if (store === 'cluster') return startLockApp({ ...options, redis: { cluster: cluster!.nodes } });
+    if (store === 'redlock') return startLockApp({ ...options, redlock: { clients: masters.map((m) => m.url) } });
+    return startLockApp({ ...options, store: 'memory' });
+  };
 
   beforeAll(async () => {
     if (store === 'redis') redis = await RedisServer.start();
+    if (store === 'cluster') cluster = await RedisCluster.start();
+    if (store === 'redlock') masters = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
     app = await start({ leaseMs: 600, waitMs: 5_000, fairQueueTimeoutMs: 1_000 });
   });
   afterAll(async () => {
     await app?.close();
     await redis?.stop();
+    await cluster?.stop();
+    await Promise.all(masters.map((m) => m.stop()));
   });
 
   it('keeps a non-atomic counter exact under 8 contending contexts', async () => {
@@ -49,7 +62,7 @@ describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store)
     await app.locks.run('b:re', async (outer) => {
       await app.locks.run('b:re', async (inner) => {
         expect(inner.holdCount).toBe(2);
-        expect(inner.fencingToken).toBe(outer.fencingToken);
+        if (store !== 'redlock') expect(inner.fencingToken).toBe(outer.fencingToken);
         expect(await app.locks.holdCount('b:re')).toBe(2);
         expect(await otherGets()).toBe(false);
       });
@@ -73,7 +86,7 @@ describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store)
     const lock = await app.locks.acquire('b:fixed', { leaseMs: 200 });
     expect(((await aborted(lock.signal)) as LockLostError).reason).toBe('lease-expired');
     const next = await app.locks.acquire('b:fixed', { waitMs: 0 });
-    expect(next.fencingToken).toBeGreaterThan(lock.fencingToken);
+    if (store !== 'redlock') expect(next.fencingToken).toBeGreaterThan(lock.fencingToken);
     await next.release();
   });
 
@@ -115,7 +128,13 @@ describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store)
     await holder.release();
   });
 
-  it('serves fair waiters in arrival order', async () => {
+  it('serves fair waiters in arrival order (Redlock: refuses fair mode)', async () => {
+    if (store === 'redlock') {
+      await expect(app.locks.acquire('b:fair', { fair: true })).rejects.toThrow(LockConfigurationError);
+      await expect(app.locks.acquire('b:fair', { fair: true })).rejects.toThrow('fair mode keeps its queue on one Redis');
+      expect(await app.locks.isLocked('b:fair')).toBe(false);
+      return;
+    }
     const seen = new Set<string>();
     const holder = await app.locks.acquire('b:fair', { fair: true });
     const order: number[] = [];
@@ -130,7 +149,14 @@ describe.each(['redis', 'memory'] as const)('behaviour on the %s store', (store)
     expect(order).toEqual([0, 1, 2, 3, 4]);
   });
 
-  it('issues increasing fencing tokens', async () => {
+  it('issues increasing fencing tokens (Redlock: refuses to, with a typed error)', async () => {
+    if (store === 'redlock') {
+      await app.locks.run('b:fence', async (l) => {
+        expect(() => l.fencingToken).toThrow(LockConfigurationError);
+        expect(() => l.fencingToken).toThrow('counters on independent masters cannot be made monotonic');
+      });
+      return;
+    }
     const tokens: number[] = [];
     for (let i = 0; i < 50; i++) await app.locks.run('b:fence', async (l) => void tokens.push(l.fencingToken));
     for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]!);

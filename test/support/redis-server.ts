@@ -47,7 +47,7 @@ export class RedisServer {
 
   /** A client for the test's own inspection, closed by `stop()`. */
   client(): Redis {
-    const c = new Redis(this.port, '127.0.0.1', { lazyConnect: false, maxRetriesPerRequest: 1 });
+    const c = new Redis(this.port, '127.0.0.1', { lazyConnect: false, maxRetriesPerRequest: 1, disconnectTimeout: 100 });
     c.on('error', () => undefined);
     this.clients.push(c);
     return c;

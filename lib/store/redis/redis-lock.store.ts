@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import { withTimeout } from '../../internal/time.js';
@@ -19,6 +19,8 @@ import {
   RENEW,
 } from './lock.scripts.js';
 import { RedisScript } from './redis-script.js';
+import { LockReplicationError } from '../../errors/lock-replication.error.js';
+import type { ReplicationOptions } from '../../lock-options.js';
 
 const scripts = {
   acquire: new RedisScript('acquire', ACQUIRE),
@@ -39,6 +41,9 @@ const scripts = {
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
 const RENEW_BATCH = 500;
 
+/** A single server (or a Sentinel-managed master) or a Redis Cluster. */
+export type RedisClient = Redis | Cluster;
+
 /** What the store reports about itself. */
 export interface StoreLogger {
   debug(message: string): void;
@@ -46,27 +51,43 @@ export interface StoreLogger {
 }
 
 /**
- * Locks on one Redis server (or a Sentinel-managed master) through ioredis. The data model and the
- * scripts are described in `lock.scripts.ts`.
+ * Locks on one Redis server, a Sentinel-managed master, or a Redis Cluster, through ioredis. The
+ * data model and the scripts are described in `lock.scripts.ts`.
  *
  * Waiting: one extra connection per store subscribes to the release channels of the keys that
- * local waiters want, reference-counted per key; a release message wakes one local waiter.
+ * local waiters want, reference-counted per key; a release message wakes one local waiter. On a
+ * Cluster of Redis 7 or later, releases are announced with sharded pub/sub (SPUBLISH to the lock's
+ * own slot, SSUBSCRIBE on the node that serves it) instead of being broadcast to every node.
  */
 export class RedisLockStore implements LockStore {
   readonly description: string;
-  private subscriber: Redis | undefined;
+  private subscriber: RedisClient | undefined;
   private readonly waiters = new ReleaseWaiters();
   private readonly channels = new Map<string, { key: string; refs: number; ready: Promise<void> }>();
   private closed = false;
+  private readonly cluster: boolean;
+  /** How releases are announced: `spublish` once a Cluster is known to support sharded pub/sub. */
+  private publish: 'publish' | 'spublish' = 'publish';
+  /** Set once the server refused `WAIT`: replica confirmation is then skipped. */
+  private waitRefused = false;
 
   constructor(
-    private readonly client: Redis,
+    private readonly client: RedisClient,
     private readonly ownsClient: boolean,
     private readonly prefix: string,
     private readonly log: StoreLogger,
+    private readonly replication?: Required<ReplicationOptions>,
   ) {
-    const o = client.options ?? {};
-    this.description = `redis ${o.path ?? `${o.host ?? '127.0.0.1'}:${o.port ?? 6379}`}`;
+    this.cluster = (client as { isCluster?: boolean }).isCluster === true;
+    if (this.cluster) {
+      const nodes = ((client as unknown as { startupNodes?: unknown[] }).startupNodes ?? []).map(describeNode);
+      this.description = `redis cluster ${nodes.join(',')}`;
+    } else {
+      const o = (client as Redis).options ?? {};
+      this.description = o.sentinels?.length
+        ? `redis sentinel master "${o.name}" (${o.sentinels.map(describeNode).join(',')})`
+        : `redis ${o.path ?? `${o.host ?? '127.0.0.1'}:${o.port ?? 6379}`}`;
+    }
   }
 
   /** The Redis name of a lock's hash (also its release channel). */
@@ -75,11 +96,45 @@ export class RedisLockStore implements LockStore {
   }
 
   async ready(timeoutMs: number): Promise<void> {
-    await withTimeout(
-      Promise.all(Object.values(scripts).map((s) => s.load(this.client))),
-      timeoutMs,
-      () => new Error(`no answer from ${this.description} within ${timeoutMs} ms`),
-    );
+    await withTimeout(this.prepare(), timeoutMs, () => new Error(`no answer from ${this.description} within ${timeoutMs} ms`));
+  }
+
+  /**
+   * Whether `acquireMany` can take these keys in one step: always on one server; on a Cluster only
+   * when every key hashes to the same slot (else LockService takes them one by one).
+   */
+  groupsAtomically(keys: readonly string[]): boolean {
+    if (!this.cluster) return true;
+    const slot = keySlot(keys[0]!);
+    return keys.every((key) => keySlot(key) === slot);
+  }
+
+  private async prepare(): Promise<void> {
+    if (!this.cluster) {
+      await Promise.all(Object.values(scripts).map((s) => s.load(this.client as Redis)));
+      return;
+    }
+    const cluster = this.client as Cluster;
+    if (cluster.status !== 'ready') {
+      await new Promise<void>((resolve, reject) => {
+        const onReady = () => {
+          cluster.off('end', onEnd);
+          resolve();
+        };
+        const onEnd = () => {
+          cluster.off('ready', onReady);
+          reject(new Error('the cluster connection ended'));
+        };
+        cluster.once('ready', onReady);
+        cluster.once('end', onEnd);
+      });
+    }
+    const masters = cluster.nodes('master');
+    await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
+    // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
+    const info = String(await masters[0]!.info('server'));
+    const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
+    if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
   }
 
   async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs }: AcquireRequest): Promise<AcquireResult> {
@@ -96,9 +151,55 @@ export class RedisLockStore implements LockStore {
       r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
-    return Number(r[0]) === 1
-      ? { granted: true, holdCount: Number(r[1]), fencingToken: Number(r[2]) }
-      : { granted: false, ttlMs: Number(r[1]) };
+    if (Number(r[0]) !== 1) return { granted: false, ttlMs: Number(r[1]) };
+    const holdCount = Number(r[1]);
+    if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
+    return { granted: true, holdCount, fencingToken: Number(r[2]) };
+  }
+
+  /**
+   * Replica confirmation of a grant: waits for the replicas; if too few acknowledged a fresh grant
+   * (a re-entry changes no ownership), gives it back and throws LockReplicationError, or keeps it
+   * with a warning (`onUnconfirmedAcquire: 'keep'`).
+   */
+  private async confirmGrants(what: string, grants: { key: string; holdCount: number }[], owner: string, mode: LockMode): Promise<void> {
+    const acknowledged = await this.confirm();
+    const { replicas, timeoutMs, onUnconfirmedAcquire } = this.replication!;
+    if (acknowledged === undefined || acknowledged >= replicas) return;
+    const fresh = grants.filter((g) => g.holdCount === 1);
+    if (fresh.length === 0) return;
+    if (onUnconfirmedAcquire === 'keep') {
+      this.log.warn(`lock "${what}": only ${acknowledged} of ${replicas} replica(s) acknowledged the grant within ${timeoutMs} ms; kept (onUnconfirmedAcquire: 'keep')`);
+      return;
+    }
+    await Promise.all(fresh.map((g) => this.releaseAll(g.key, owner, mode)));
+    throw new LockReplicationError(what, acknowledged, replicas, timeoutMs);
+  }
+
+  /**
+   * `WAIT replicas timeoutMs` on the lock connection (it covers every write this connection made
+   * so far). Undefined without replication, or once the server refused WAIT (some managed services
+   * do): that is logged once and replication is skipped from then on.
+   */
+  private async confirm(): Promise<number | undefined> {
+    if (!this.replication || this.waitRefused) return undefined;
+    try {
+      return Number(await (this.client as Redis).wait(this.replication.replicas, this.replication.timeoutMs));
+    } catch (error) {
+      // A reply error (unknown or renamed command, no permission) is a refusal; a connection error is not.
+      if (!(error instanceof Error) || error.name !== 'ReplyError') throw error;
+      this.waitRefused = true;
+      this.log.warn(`${this.description} refused WAIT (${error.message}); replica confirmation is off from now on, locks work without it`);
+      return undefined;
+    }
+  }
+
+  /** After a release or renewal: waits for the replicas, and only notes a shortfall (the master's state stands). */
+  private async confirmQuietly(what: string): Promise<void> {
+    const acknowledged = await this.confirm();
+    if (acknowledged !== undefined && acknowledged < this.replication!.replicas) {
+      this.log.debug(`${what}: ${acknowledged} of ${this.replication!.replicas} replica(s) acknowledged within ${this.replication!.timeoutMs} ms`);
+    }
   }
 
   async acquireMany(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult> {
@@ -109,30 +210,53 @@ export class RedisLockStore implements LockStore {
     const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
+    if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
     return { granted: true, grants };
   }
 
   async release(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<number> {
     const name = this.lockName(key);
-    if (mode === 'exclusive') return Number(await scripts.release.run(this.client, [name, `${name}:queue`], [owner, name, 'publish']));
-    return Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, 'publish']));
+    const left =
+      mode === 'exclusive'
+        ? Number(await scripts.release.run(this.client, [name, `${name}:queue`], [owner, name, this.publish]))
+        : Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
+    if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
+    return left;
   }
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.releaseAll.run(this.client, [name, `${name}:queue`], [holderField(owner, mode), name, 'publish'])) === 1;
+    const dropped = Number(await scripts.releaseAll.run(this.client, [name, `${name}:queue`], [holderField(owner, mode), name, this.publish])) === 1;
+    if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
+    return dropped;
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    const calls: Promise<unknown>[] = [];
-    for (let i = 0; i < entries.length; i += RENEW_BATCH) {
-      const batch = entries.slice(i, i + RENEW_BATCH);
-      const keys = batch.map((e) => this.lockName(e.key));
-      const args = batch.flatMap((e) => [holderField(e.owner, e.mode ?? 'exclusive'), e.leaseMs]);
-      calls.push(scripts.renew.run(this.client, keys, args));
+    // One script call per batch; on a Cluster a batch holds keys of one slot only.
+    const groups = new Map<number, number[]>();
+    entries.forEach((e, i) => {
+      const slot = this.cluster ? keySlot(e.key) : 0;
+      const group = groups.get(slot);
+      if (group) group.push(i);
+      else groups.set(slot, [i]);
+    });
+    const results = new Array<boolean>(entries.length);
+    const calls: Promise<void>[] = [];
+    for (const indexes of groups.values()) {
+      for (let i = 0; i < indexes.length; i += RENEW_BATCH) {
+        const batch = indexes.slice(i, i + RENEW_BATCH);
+        const keys = batch.map((j) => this.lockName(entries[j]!.key));
+        const args = batch.flatMap((j) => [holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive'), entries[j]!.leaseMs]);
+        calls.push(
+          scripts.renew.run(this.client, keys, args).then((reply) => {
+            (reply as number[]).forEach((r, k) => (results[batch[k]!] = Number(r) === 1));
+          }),
+        );
+      }
     }
-    const replies = (await Promise.all(calls)) as number[][];
-    return replies.flat().map((r) => Number(r) === 1);
+    await Promise.all(calls);
+    if (this.replication) await this.confirmQuietly(`renewal of ${entries.length} lock(s)`);
+    return results;
   }
 
   async inspect(key: string, owner: string | undefined, mode: LockMode = 'exclusive'): Promise<LockState> {
@@ -142,12 +266,12 @@ export class RedisLockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.forceUnlock.run(this.client, [name, `${name}:queue`], ['', name, 'publish'])) === 1;
+    return Number(await scripts.forceUnlock.run(this.client, [name, `${name}:queue`], ['', name, this.publish])) === 1;
   }
 
   async abandon(key: string, owner: string, mode: LockMode, fair: boolean): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, [name, `${name}:queue`, `${name}:queue:timeouts`], [owner, name, 'publish']);
+    if (fair) await scripts.leaveQueue.run(this.client, [name, `${name}:queue`, `${name}:queue:timeouts`], [owner, name, this.publish]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`], [owner]);
   }
 
@@ -185,7 +309,9 @@ export class RedisLockStore implements LockStore {
     if (!entry || --entry.refs > 0) return;
     this.channels.delete(channel);
     // Later subscribes to the same channel are queued behind this one on the same connection.
-    this.subscriber?.unsubscribe(channel).catch((e: unknown) => this.log.debug(`unsubscribe ${channel} failed: ${String(e)}`));
+    const sub = this.subscriber;
+    if (!sub) return;
+    (this.publish === 'spublish' ? sub.sunsubscribe(channel) : sub.unsubscribe(channel)).catch((e: unknown) => this.log.debug(`unsubscribe ${channel} failed: ${String(e)}`));
   }
 
   /**
@@ -194,26 +320,35 @@ export class RedisLockStore implements LockStore {
    */
   private async subscribe(channel: string): Promise<void> {
     try {
-      await this.getSubscriber().subscribe(channel);
+      const sub = this.getSubscriber();
+      if (this.publish === 'spublish') await sub.ssubscribe(channel);
+      else await sub.subscribe(channel);
     } catch (e) {
       if (!this.closed) this.log.warn(`could not subscribe to release channel ${channel}; waiting falls back to lease-bounded retries: ${String(e)}`);
     }
   }
 
-  private getSubscriber(): Redis {
+  private getSubscriber(): RedisClient {
     if (this.subscriber) return this.subscriber;
     // Our own connection: a short disconnectTimeout keeps close() from leaving a 2 s timer behind.
-    const sub = this.client.duplicate({ disconnectTimeout: 100 });
+    const sub = this.cluster
+      ? (this.client as Cluster).duplicate([], {
+          shardedSubscribers: this.publish === 'spublish',
+          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
+        })
+      : (this.client as Redis).duplicate({ disconnectTimeout: 100 });
     let connectedBefore = false;
     let lastError = '';
-    sub.on('message', (channel: string, payload: string) => {
+    const onMessage = (channel: string, payload: string) => {
       const entry = this.channels.get(channel);
       if (!entry) return;
       // 'released' wakes one local waiter; an owner id (fair queue head) wakes that waiter only.
       if (payload === 'released') this.waiters.notify(entry.key);
       else if (payload === 'all') this.waiters.notifyEveryone(entry.key);
       else this.waiters.notifyOwner(entry.key, payload);
-    });
+    };
+    sub.on('message', onMessage);
+    sub.on('smessage', onMessage);
     sub.on('ready', () => {
       // Releases published while we were disconnected are lost: let one waiter per key retry.
       if (connectedBefore) this.waiters.notifyAll();
@@ -232,4 +367,25 @@ export class RedisLockStore implements LockStore {
 /** The hash field that holds `owner`'s holds in `mode` (see lock.scripts.ts). */
 function holderField(owner: string, mode: LockMode): string {
   return mode === 'read' ? `${owner}:read` : owner;
+}
+
+function describeNode(node: unknown): string {
+  if (typeof node === 'string' || typeof node === 'number') return String(node);
+  const n = node as { host?: string; port?: number };
+  return `${n.host ?? '127.0.0.1'}:${n.port ?? 6379}`;
+}
+
+/** The Cluster hash slot of a lock: every Redis name of it carries the hash tag `{key}`. */
+export function keySlot(key: string): number {
+  return crc16(Buffer.from(key)) % 16_384;
+}
+
+/** CRC-16/XMODEM, the checksum Redis Cluster hashes keys with. */
+function crc16(bytes: Uint8Array): number {
+  let crc = 0;
+  for (const byte of bytes) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc;
 }

@@ -1,0 +1,111 @@
+import { AsyncResource } from 'node:async_hooks';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Cluster } from 'ioredis';
+import { LockService } from '../../lib/index.js';
+import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
+import { RedisCluster } from '../support/redis-cluster.js';
+import { nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+/**
+ * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
+ * 3-master cluster started from `redis-server --cluster-enabled yes` and `redis-cli --cluster create`.
+ */
+describe('Redis Cluster', () => {
+  let cluster: RedisCluster;
+  let app: LockApp;
+  let probe: Cluster;
+  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start(3);
+    app = await startLockApp({ redis: { cluster: cluster.nodes }, leaseMs: 600, waitMs: 10_000 });
+    probe = cluster.client();
+  });
+  afterAll(async () => {
+    await app?.close();
+    await cluster?.stop();
+  });
+
+  it('computes the slot Redis computes, and keeps every name of one lock in that slot', async () => {
+    for (const key of ['a', 'order:42', 'user:{x', 'ключ', 'x'.repeat(300)].filter((k) => !k.includes('{'))) {
+      const slot = Number(await probe.cluster('KEYSLOT', `lock:{${key}}`));
+      expect(keySlot(key)).toBe(slot);
+      expect(Number(await probe.cluster('KEYSLOT', `lock:{${key}}:fence`))).toBe(slot);
+      expect(Number(await probe.cluster('KEYSLOT', `lock:{${key}}:queue:timeouts`))).toBe(slot);
+    }
+  });
+
+  it('spreads locks over every master and renews them all, grouped by slot, for more than 3 leases', async () => {
+    const keys = Array.from({ length: 60 }, (_, i) => `spread:${i}`);
+    const handles = await Promise.all(keys.map((key) => elsewhere(() => app.locks.acquire(key))));
+    const perMaster = await Promise.all(cluster.servers.map((s) => cluster.node(s).dbsize()));
+    expect(perMaster.every((n) => n > 0)).toBe(true);
+    // 60 locks renewed 4 times: every renewal reported, none lost.
+    const lost: string[] = [];
+    const watching = app.locks.events$.subscribe((e) => void (e.type === 'lost' && lost.push(e.key)));
+    await nextEvents(app.locks.events$, 'renewed', 60 * 4, 10_000);
+    watching.unsubscribe();
+    expect(lost).toEqual([]);
+    for (const h of handles) expect(h.isHeld).toBe(true);
+    expect(await elsewhere(() => app.locks.tryAcquire(keys[7]!))).toBeNull();
+    await Promise.all(handles.map((h) => h.release()));
+    expect(await app.locks.isLocked(keys[7]!)).toBe(false);
+  });
+
+  it('announces releases with sharded pub/sub on the node that serves the lock', async () => {
+    const holder = await app.locks.acquire('sharded');
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'sharded');
+    const waiting = elsewhere(() => app.locks.acquire('sharded'));
+    await contended;
+    // The waiter subscribes right after its first refused attempt ('contended'): poll until its
+    // subscription shows. It is a shard channel on the lock's own node, and nowhere else (PUBSUB
+    // SHARDNUMSUB under-reports on Redis 7.0, so the channel list is what is checked).
+    const owner = await cluster.ownerOf(keySlot('sharded'));
+    const shardChannels = async (server: typeof owner) => (await cluster.node(server).call('PUBSUB', 'SHARDCHANNELS')) as string[];
+    for (let i = 0; !(await shardChannels(owner)).includes('lock:{sharded}'); i++) {
+      if (i > 100) throw new Error('the waiter never subscribed');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    for (const server of cluster.servers) {
+      const channels = await shardChannels(server);
+      expect({ port: server.port, sharded: channels.includes('lock:{sharded}') }).toEqual({ port: server.port, sharded: server === owner });
+      expect(await cluster.node(server).call('PUBSUB', 'CHANNELS')).toEqual([]);
+    }
+    await holder.release();
+    await (await waiting).release();
+  });
+
+  it('keeps a held lock through a migration of its slot, and its waiter still gets it', async () => {
+    const key = 'migrating';
+    const slot = keySlot(key);
+    const holder = await app.locks.acquire(key);
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+    const waiting = elsewhere(() => app.locks.acquire(key, { waitMs: 20_000 }));
+    await contended;
+    const source = await cluster.ownerOf(slot);
+    const target = cluster.servers.find((s) => s !== source)!;
+    await cluster.migrateSlot(slot, target);
+    expect(await cluster.ownerOf(slot)).toBe(target);
+    expect(await cluster.node(target).exists(`lock:{${key}}`, `lock:{${key}}:fence`)).toBe(2);
+    // Renewal follows the slot (MOVED), the lock stays held and exclusive.
+    await nextEvents(app.locks.events$, 'renewed', 3, 5_000);
+    expect(holder.isHeld).toBe(true);
+    expect(await elsewhere(() => app.locks.tryAcquire(key))).toBeNull();
+    const token = holder.fencingToken;
+    await holder.release();
+    const next = await waiting;
+    expect(next.fencingToken).toBeGreaterThan(token);
+    await next.release();
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('accepts a Cluster client the app created, and leaves it open at shutdown', async () => {
+    const client = cluster.client();
+    const other = await startLockApp({ redis: client, leaseMs: 600 });
+    expect((await other.locks.health()).store).toMatch(/^redis cluster /);
+    await other.locks.run('own-client', async () => expect(await app.locks.isLocked('own-client')).toBe(true));
+    await other.close();
+    expect(client.status).toBe('ready');
+    expect(other.moduleRef.get(LockService)).toBeDefined();
+  });
+});

@@ -1,0 +1,114 @@
+import { AsyncResource } from 'node:async_hooks';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { LockQuorumError, type RedlockVote } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+/**
+ * Redlock specifics over 3 independent servers started by the harness (the common behaviour runs
+ * on Redlock in behaviour.spec.ts, and across processes in mutual-exclusion.spec.ts): nodes going
+ * down, a node restarted empty mid-hold, and what the errors say.
+ */
+/** Retries `fn` while it fails with LockQuorumError (connections coming back), for at most 10 s. */
+async function untilQuorum<T>(fn: () => Promise<T>): Promise<T> {
+  const end = Date.now() + 10_000;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (error) {
+      if (!(error instanceof LockQuorumError) || Date.now() > end) throw error;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+describe('Redlock over 3 independent servers', () => {
+  let nodes: RedisServer[];
+  let app: LockApp;
+  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
+  const holders = async (key: string) => (await Promise.all(nodes.map(async (n) => (n.running ? n.client().hkeys(`lock:{${key}}`) : [])))).flat();
+
+  beforeAll(async () => {
+    nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
+    app = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, leaseMs: 900, waitMs: 3_000 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('takes a lock on every node and releases it on every node', async () => {
+    const lock = await app.locks.acquire('rl:all');
+    expect(await holders('rl:all')).toEqual([lock.owner, lock.owner, lock.owner]);
+    await lock.release();
+    expect(await holders('rl:all')).toEqual([]);
+  });
+
+  it('keeps working with a minority of nodes down: acquire, renew, exclude, release', async () => {
+    nodes[2]!.pause(); // frozen: connections stay open, nothing answers
+    try {
+      const lock = await app.locks.acquire('rl:minority');
+      await nextEvents(app.locks.events$, 'renewed', 3, 5_000);
+      expect(lock.isHeld).toBe(true);
+      expect(await elsewhere(() => app.locks.tryAcquire('rl:minority'))).toBeNull();
+      await lock.release();
+      const next = await elsewhere(() => app.locks.acquire('rl:minority', { waitMs: 0 }));
+      await next.release();
+    } finally {
+      nodes[2]!.resume();
+    }
+  });
+
+  it('fails with a typed error naming each node and its vote when a majority is down, and leaves nothing behind', async () => {
+    await nodes[1]!.kill();
+    await nodes[2]!.kill();
+    try {
+      const failure = (await app.locks.acquire('rl:majority').catch((e: unknown) => e)) as LockQuorumError;
+      expect(failure).toBeInstanceOf(LockQuorumError);
+      expect(failure.quorum).toBe(2);
+      expect(failure.votes.map((v: RedlockVote) => [v.node, v.vote])).toEqual([
+        [`127.0.0.1:${nodes[0]!.port}`, 'granted'],
+        [`127.0.0.1:${nodes[1]!.port}`, 'error'],
+        [`127.0.0.1:${nodes[2]!.port}`, 'error'],
+      ]);
+      expect(failure.message).toContain(`needs 2 of 3 nodes; 1 answered: 127.0.0.1:${nodes[0]!.port} granted`);
+      // The one node that granted was given its hold back.
+      expect(await nodes[0]!.client().exists('lock:{rl:majority}')).toBe(0);
+    } finally {
+      await nodes[1]!.launch();
+      await nodes[2]!.launch();
+    }
+    // Back to a quorum: locking works again once the module's connections are back, without a restart.
+    // (Until then each attempt fails fast with the same typed error; nothing waits on a dead node.
+    // Attempts queued on the dead nodes' connections run when they reconnect and are given back
+    // as their late grants arrive, hence a short wait.)
+    const lock = await untilQuorum(() => app.locks.acquire('rl:majority', { waitMs: 3_000 }));
+    await lock.release();
+  });
+
+  it('does not let a second owner in when one node restarts empty mid-hold, while the quorum still holds', async () => {
+    const lock = await app.locks.acquire('rl:restart');
+    await nodes[0]!.kill();
+    await nodes[0]!.launch(); // empty: it forgot the lock
+    expect(await nodes[0]!.client().exists('lock:{rl:restart}')).toBe(0);
+    // A contender gets the empty node but not a quorum: refused, and its one grant is given back.
+    expect(await elsewhere(() => app.locks.tryAcquire('rl:restart'))).toBeNull();
+    expect(await nodes[0]!.client().exists('lock:{rl:restart}')).toBe(0);
+    // The holder keeps renewing on the 2 nodes that remember it.
+    await nextEvents(app.locks.events$, 'renewed', 3, 5_000);
+    expect(lock.isHeld).toBe(true);
+    expect(await elsewhere(() => app.locks.tryAcquire('rl:restart'))).toBeNull();
+    await lock.release();
+    expect(await holders('rl:restart')).toEqual([]);
+  });
+
+  it('tells a holder it lost its lock when a majority of nodes forgot it', async () => {
+    const lock = await app.locks.acquire('rl:forgotten');
+    await nodes[0]!.client().del('lock:{rl:forgotten}');
+    await nodes[1]!.client().del('lock:{rl:forgotten}');
+    await new Promise<void>((resolve) => lock.signal.addEventListener('abort', () => resolve(), { once: true }));
+    expect(lock.isHeld).toBe(false);
+    const next = await elsewhere(() => app.locks.acquire('rl:forgotten', { waitMs: 0 }));
+    await next.release();
+  });
+});

@@ -1,0 +1,83 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { LockReplicationError } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { startLockApp } from '../support/lock-testing.js';
+
+/**
+ * Replica confirmation (`replication`: Redis WAIT after acquire, renew and release) on real servers:
+ * a master with a replica, a master without one, and a server that refuses WAIT (renamed away, as
+ * some managed services do).
+ */
+describe('replica confirmation (WAIT)', () => {
+  let master: RedisServer;
+  let replica: RedisServer;
+  let lonely: RedisServer;
+  let refusing: RedisServer;
+
+  beforeAll(async () => {
+    master = await RedisServer.start();
+    replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
+    lonely = await RedisServer.start();
+    refusing = await RedisServer.start(['--rename-command', 'WAIT', '']);
+    for (;;) {
+      if (String(await replica.client().info('replication')).includes('master_link_status:up')) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  });
+  afterAll(async () => {
+    await Promise.all([master, replica, lonely, refusing].map((s) => s?.stop()));
+  });
+
+  it('returns from acquire and release only once the replica has them', async () => {
+    const app = await startLockApp({ redis: master.url, replication: { replicas: 1, timeoutMs: 2_000 } });
+    try {
+      const lock = await app.locks.acquire('r:confirmed');
+      expect(await replica.client().hget('lock:{r:confirmed}', lock.owner)).toBe('1');
+      await lock.release();
+      expect(await replica.client().exists('lock:{r:confirmed}')).toBe(0);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('rolls back an acquisition no replica acknowledged and says so with a typed error', async () => {
+    const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50 } });
+    try {
+      const failure = (await app.locks.acquire('r:unconfirmed').catch((e: unknown) => e)) as LockReplicationError;
+      expect(failure).toBeInstanceOf(LockReplicationError);
+      expect(failure.message).toContain('only 0 of 1 required replica(s) acknowledged it within 50 ms; it was given back');
+      expect(failure.acknowledged).toBe(0);
+      expect(await lonely.client().exists('lock:{r:unconfirmed}')).toBe(0);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("keeps an unconfirmed acquisition with onUnconfirmedAcquire: 'keep', with a warning", async () => {
+    const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50, onUnconfirmedAcquire: 'keep' } });
+    try {
+      const lock = await app.locks.acquire('r:kept');
+      expect(await lonely.client().hget('lock:{r:kept}', lock.owner)).toBe('1');
+      expect(app.logger.at('warn').filter((m) => m.includes('r:kept') && m.includes('0 of 1 replica(s)'))).toHaveLength(1);
+      await lock.release();
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('detects a server that refuses WAIT once, warns once, and locks without it', async () => {
+    const app = await startLockApp({ redis: refusing.url, replication: { replicas: 1, timeoutMs: 50 } });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const lock = await app.locks.acquire('r:refused');
+        expect(await refusing.client().hget('lock:{r:refused}', lock.owner)).toBe('1');
+        await lock.release();
+      }
+      const warnings = app.logger.at('warn').filter((m) => m.includes('refused WAIT'));
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toContain('replica confirmation is off from now on');
+    } finally {
+      await app.close();
+    }
+  });
+});

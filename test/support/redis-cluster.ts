@@ -1,0 +1,107 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { Cluster, Redis, type ClusterOptions } from 'ioredis';
+import { freePort, RedisServer } from './redis-server.js';
+
+const run = promisify(execFile);
+
+/**
+ * A private Redis Cluster for one test file: `masters` `redis-server --cluster-enabled yes`
+ * processes (each with its bus on its own free port), joined by `redis-cli --cluster create`,
+ * stopped by pid. No replicas: the tests here are about slots, not failover.
+ */
+export class RedisCluster {
+  private readonly clients: (Cluster | Redis)[] = [];
+
+  private constructor(readonly servers: RedisServer[]) {}
+
+  static async start(masters = 3): Promise<RedisCluster> {
+    const servers: RedisServer[] = [];
+    try {
+      for (let i = 0; i < masters; i++) {
+        const bus = await freePort();
+        servers.push(
+          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000']),
+        );
+      }
+      const nodes = servers.map((s) => `127.0.0.1:${s.port}`);
+      await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 });
+      const cluster = new RedisCluster(servers);
+      await cluster.settled();
+      return cluster;
+    } catch (error) {
+      await Promise.all(servers.map((s) => s.stop()));
+      throw error;
+    }
+  }
+
+  get nodes(): { host: string; port: number }[] {
+    return this.servers.map((s) => ({ host: '127.0.0.1', port: s.port }));
+  }
+
+  /** A Cluster client for the test's own use, closed by `stop()`. */
+  client(options: ClusterOptions = {}): Cluster {
+    const c = new Cluster(this.nodes, { ...options, redisOptions: { maxRetriesPerRequest: 1, disconnectTimeout: 100, ...options.redisOptions } });
+    c.on('error', () => undefined);
+    this.clients.push(c);
+    return c;
+  }
+
+  /** A plain connection to one node (for CLUSTER commands), closed by `stop()`. */
+  node(server: RedisServer): Redis {
+    const c = server.client();
+    this.clients.push(c);
+    return c;
+  }
+
+  /** The node that serves `slot` now. */
+  async ownerOf(slot: number): Promise<RedisServer> {
+    const slots = (await this.node(this.servers[0]!).cluster('SLOTS')) as unknown as [number, number, [string, number]][];
+    const range = slots.find(([from, to]) => slot >= from && slot <= to);
+    if (!range) throw new Error(`slot ${slot} is not served`);
+    return this.servers.find((s) => s.port === Number(range[2][1]))!;
+  }
+
+  /**
+   * Moves one slot, with its keys, from its owner to `target`, the way `redis-cli --cluster
+   * reshard` does: IMPORTING / MIGRATING, MIGRATE of every key, then SETSLOT NODE on every node.
+   */
+  async migrateSlot(slot: number, target: RedisServer): Promise<void> {
+    const source = await this.ownerOf(slot);
+    if (source === target) return;
+    const src = this.node(source);
+    const dst = this.node(target);
+    const srcId = String(await src.cluster('MYID'));
+    const dstId = String(await dst.cluster('MYID'));
+    await dst.cluster('SETSLOT', slot, 'IMPORTING', srcId);
+    await src.cluster('SETSLOT', slot, 'MIGRATING', dstId);
+    for (;;) {
+      const keys = (await src.cluster('GETKEYSINSLOT', slot, 100)) as string[];
+      if (keys.length === 0) break;
+      await src.migrate('127.0.0.1', target.port, '', 0, 5_000, 'KEYS', ...keys);
+    }
+    for (const server of this.servers) await this.node(server).cluster('SETSLOT', slot, 'NODE', dstId);
+  }
+
+  async stop(): Promise<void> {
+    for (const c of this.clients.splice(0)) c.disconnect();
+    await Promise.all(this.servers.map((s) => s.stop()));
+  }
+
+  /** Resolves once every node reports `cluster_state:ok`. */
+  private async settled(): Promise<void> {
+    for (const server of this.servers) {
+      const c = server.client();
+      try {
+        for (let i = 0; ; i++) {
+          const info = String(await c.cluster('INFO'));
+          if (info.includes('cluster_state:ok')) break;
+          if (i > 100) throw new Error(`cluster on ${server.port} never became ok:\n${info}`);
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      } finally {
+        c.disconnect();
+      }
+    }
+  }
+}

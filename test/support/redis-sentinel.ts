@@ -1,0 +1,176 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { freePort, RedisServer } from './redis-server.js';
+
+const MASTER_NAME = 'locks';
+// Sentinels of a test file that dies before its cleanup go with it.
+const running = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+});
+
+/**
+ * A private Sentinel deployment for one test file: a master, one replica, and 3 sentinels
+ * (quorum 2, down-after 500 ms), all on free loopback ports, stopped by pid. `failover()` kills the
+ * master and resolves once the sentinels promoted the replica.
+ */
+export class RedisSentinelSet {
+  private readonly clients: Redis[] = [];
+
+  private constructor(
+    public master: RedisServer,
+    public replica: RedisServer,
+    private readonly sentinels: SentinelProcess[],
+  ) {}
+
+  readonly name = MASTER_NAME;
+
+  static async start(): Promise<RedisSentinelSet> {
+    const master = await RedisServer.start();
+    const started: { stop(): Promise<void> }[] = [master];
+    try {
+      const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
+      started.push(replica);
+      const sentinels: SentinelProcess[] = [];
+      for (let i = 0; i < 3; i++) {
+        const s = await SentinelProcess.start(master.port);
+        sentinels.push(s);
+        started.push(s);
+      }
+      const set = new RedisSentinelSet(master, replica, sentinels);
+      // Ready when the replica is in sync and every sentinel knows the replica and the 2 other sentinels.
+      await set.until(async () => {
+        const info = String(await set.direct(replica).info('replication'));
+        if (!info.includes('master_link_status:up')) return false;
+        for (const s of sentinels) {
+          const fields = (await set.sentinelClient(s).call('SENTINEL', 'MASTER', MASTER_NAME)) as string[];
+          const get = (f: string) => Number(fields[fields.indexOf(f) + 1]);
+          if (get('num-slaves') < 1 || get('num-other-sentinels') < 2) return false;
+        }
+        return true;
+      }, 20_000, 'the sentinels never saw the replica and each other');
+      return set;
+    } catch (error) {
+      await Promise.all(started.map((s) => s.stop()));
+      throw error;
+    }
+  }
+
+  /** The sentinels' addresses, as ioredis `sentinels` takes them. */
+  get nodes(): { host: string; port: number }[] {
+    return this.sentinels.map((s) => ({ host: '127.0.0.1', port: s.port }));
+  }
+
+  /** The port the sentinels report for the master now. */
+  async masterPort(): Promise<number> {
+    const [, port] = (await this.sentinelClient(this.sentinels[0]!).call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', MASTER_NAME)) as [string, string];
+    return Number(port);
+  }
+
+  /** SIGKILLs the master; resolves once the sentinels report the replica as master and it accepts writes. */
+  async failover(): Promise<void> {
+    const old = this.master;
+    await old.kill();
+    await this.until(async () => (await this.masterPort()) === this.replica.port && (String(await this.direct(this.replica).info('replication'))).includes('role:master'), 30_000, 'no promotion');
+    [this.master, this.replica] = [this.replica, old];
+  }
+
+  /** Starts the old master again: the sentinels turn it into a replica of the new one. Resolves once it is in sync. */
+  async rejoin(): Promise<void> {
+    await this.replica.launch();
+    await this.until(async () => /slave0:.*state=online/.test(String(await this.direct(this.master).info('replication'))), 30_000, 'the old master never rejoined as a replica');
+  }
+
+  /** A plain connection to one data server, closed by `stop()`. */
+  direct(server: RedisServer): Redis {
+    const c = server.client();
+    return c;
+  }
+
+  async stop(): Promise<void> {
+    for (const c of this.clients.splice(0)) c.disconnect();
+    await Promise.all(this.sentinels.map((s) => s.stop()));
+    await Promise.all([this.master.stop(), this.replica.stop()]);
+  }
+
+  private sentinelClient(s: SentinelProcess): Redis {
+    let c = this.sentinelClients.get(s);
+    if (!c) {
+      c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 1, disconnectTimeout: 100 });
+      c.on('error', () => undefined);
+      this.sentinelClients.set(s, c);
+      this.clients.push(c);
+    }
+    return c;
+  }
+  private readonly sentinelClients = new Map<SentinelProcess, Redis>();
+
+  private async until(check: () => Promise<boolean>, ms: number, what: string): Promise<void> {
+    const end = Date.now() + ms;
+    for (;;) {
+      if (await check().catch(() => false)) return;
+      if (Date.now() > end) throw new Error(`${what} within ${ms} ms`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+/** One `redis-server --sentinel` with its own writable config file. */
+class SentinelProcess {
+  private constructor(
+    readonly port: number,
+    private readonly child: ChildProcess,
+    private readonly dir: string,
+  ) {}
+
+  static async start(masterPort: number): Promise<SentinelProcess> {
+    const port = await freePort();
+    const dir = mkdtempSync(join(tmpdir(), 'nestjs-locked-sentinel-'));
+    const conf = join(dir, 'sentinel.conf');
+    writeFileSync(
+      conf,
+      [
+        `port ${port}`,
+        'bind 127.0.0.1',
+        `dir ${dir}`,
+        `sentinel monitor ${MASTER_NAME} 127.0.0.1 ${masterPort} 2`,
+        `sentinel down-after-milliseconds ${MASTER_NAME} 500`,
+        `sentinel failover-timeout ${MASTER_NAME} 5000`,
+        `sentinel parallel-syncs ${MASTER_NAME} 1`,
+        '',
+      ].join('\n'),
+    );
+    const child = spawn('redis-server', [conf, '--sentinel'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const s = new SentinelProcess(port, child, dir);
+    running.add(child);
+    child.once('exit', () => running.delete(child));
+    await new Promise<void>((resolve, reject) => {
+      let log = '';
+      const onData = (chunk: Buffer) => {
+        log += chunk.toString();
+        if (log.includes('+monitor master')) {
+          child.stdout!.off('data', onData);
+          child.stdout!.resume();
+          child.stderr!.resume();
+          resolve();
+        }
+      };
+      child.stdout!.on('data', onData);
+      child.once('exit', (code) => reject(new Error(`sentinel on port ${port} exited (${code}) before it was ready:\n${log}`)));
+      child.once('error', reject);
+    });
+    return s;
+  }
+
+  async stop(): Promise<void> {
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      const exited = new Promise<void>((resolve) => this.child.once('exit', () => resolve()));
+      this.child.kill('SIGKILL');
+      await exited;
+    }
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
