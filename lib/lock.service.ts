@@ -345,6 +345,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
+        if (result.granted && (await this.givenBackIfStale(start, o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
         if (result.granted) {
           const grants = result.grants;
           const handles = keys.map((key, i) => this.granted(key, context, o, { granted: true, ...grants[i]! }, start, started));
@@ -516,14 +517,25 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
-    if (result.granted && result.holdCount === 1 && now() >= start + o.leaseMs) {
-      // The grant came back after its own lease had run out (this process was paused, or its event
-      // loop blocked, while the reply waited): another owner may hold the key by now. Never hand
-      // out a lock that is already lost; give our hold back and try again like a contended attempt.
-      await this.store.releaseAll(key, owner, o.mode).catch(() => undefined);
+    if (result.granted && (await this.givenBackIfStale(start, o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
     }
     return { result, start };
+  }
+
+  /**
+   * A grant that came back after its own lease had run out (this process was paused, or its event
+   * loop blocked, while the reply waited): another owner may hold a key by now. Never hand out a
+   * lock that is already lost: when any key of the grant is fresh, give back what the attempt took
+   * (the fresh holds whole, one hold of each re-entry) and report true, so the caller tries again
+   * like a contended attempt. A stale re-entry alone is kept: it took no ownership.
+   */
+  private async givenBackIfStale(start: number, o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
+    if (now() < start + o.leaseMs || !grants.some((g) => g.holdCount === 1)) return false;
+    await Promise.all(
+      grants.map((g) => (g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode)).catch(() => undefined)),
+    );
+    return true;
   }
 
   /**

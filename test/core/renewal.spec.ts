@@ -100,6 +100,23 @@ describe('renewal and loss', () => {
     expect(await app.locks.isLocked('stale-grant:1')).toBe(false);
   });
 
+  it('never hands out a multi-key group whose lease ran out before its reply was read', async () => {
+    const pending = app.locks.acquire(['stale-group:a', 'stale-group:b'], { leaseMs: 300 });
+    const until = performance.now() + 500;
+    while (performance.now() < until) {
+      /* blocked */
+    }
+    const group = await pending;
+    // Taken again after the stale grant was given back: every key is held once, with a fresh lease.
+    for (const key of group.keys) {
+      expect(await app.locks.holdCount(key, { owner: group.handles[0]!.owner })).toBe(1);
+      expect(await app.locks.remainingTtl(key)).toBeGreaterThan(200);
+    }
+    await group.release();
+    expect(await app.locks.isLocked('stale-group:a')).toBe(false);
+    expect(await app.locks.isLocked('stale-group:b')).toBe(false);
+  });
+
   it('renews many held locks in a few batched calls per period, not one call per lock', async () => {
     const raw = redis.client();
     const keys = Array.from({ length: 1_200 }, (_, i) => `many:${i}`);
