@@ -413,12 +413,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       });
       return new RedlockStore(nodes, redlock.driftFactor);
     }
-    if (isRedisClient(redis)) {
-      if (replication && (redis as { isCluster?: boolean }).isCluster) {
-        throw new LockConfigurationError('replication', 'LockModule options: replication (WAIT) works on one server or a Sentinel-managed master only, not on a Redis Cluster client. Leave replication out.');
-      }
-      return new RedisLockStore(redis, false, keyPrefix, log, replication);
-    }
+    // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
+    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication);
     return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication);
   }
 

@@ -51,9 +51,6 @@ export interface LockStore {
    */
   watch(key: string, owner: string): ReleaseWatch;
 
-  /** False when fencing tokens cannot be issued (Redlock): grants then carry NaN. Default true. */
-  readonly issuesFencingTokens?: boolean;
-
   /** False when fair mode cannot be offered (Redlock). Default true. */
   readonly supportsFairMode?: boolean;
 

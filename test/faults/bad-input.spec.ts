@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Test } from '@nestjs/testing';
-import type { Redis } from 'ioredis';
+import { Cluster, type Redis } from 'ioredis';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -98,6 +98,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 0 }', outcome: LockConfigurationError, says: /replication.replicas must be a whole number of replicas from 1/, run: () => boot({ replication: { replicas: 0 } }) },
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 1, timeoutMs: -1 }', outcome: LockConfigurationError, says: /replication.timeoutMs must be a whole number of milliseconds/, run: () => boot({ replication: { replicas: 1, timeoutMs: -1 } }) },
   { entry: 'LockModule.forRoot', input: 'replication with a Redis Cluster', outcome: LockConfigurationError, says: /on Redis Cluster WAIT cannot follow a lock/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }] }, replication: { replicas: 1 } }) },
+  { entry: 'LockModule.forRoot', input: 'replication with an ioredis Cluster client', outcome: LockConfigurationError, says: /on Redis Cluster WAIT cannot follow a lock/, run: async () => { const client = new Cluster([{ host: '127.0.0.1', port: 1 }], { lazyConnect: true }); try { return await boot({ redis: client, replication: { replicas: 1 } }); } finally { client.disconnect(); } } },
   { entry: 'LockModule.forRoot', input: 'redlock: 2 clients', outcome: LockConfigurationError, says: /odd number of at least 3 independent Redis masters .*; got 2/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2'] } }) },
   { entry: 'LockModule.forRoot', input: 'redlock and redis together', outcome: LockConfigurationError, says: /either redis .* or redlock/, run: () => boot({ redis: 'redis://127.0.0.1:1', redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.6', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.6 } }) },

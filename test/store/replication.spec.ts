@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { startLockApp } from '../support/lock-testing.js';
 
 /**
@@ -19,10 +19,8 @@ describe('replica confirmation (WAIT)', () => {
     replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
     lonely = await RedisServer.start();
     refusing = await RedisServer.start(['--rename-command', 'WAIT', '']);
-    for (;;) {
-      if (String(await replica.client().info('replication')).includes('master_link_status:up')) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    const probe = replica.client();
+    await until(async () => String(await probe.info('replication')).includes('master_link_status:up'), 10_000, 'the replica never synced');
   });
   afterAll(async () => {
     await Promise.all([master, replica, lonely, refusing].map((s) => s?.stop()));

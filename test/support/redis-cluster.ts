@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { Cluster, Redis, type ClusterOptions } from 'ioredis';
-import { freePort, RedisServer } from './redis-server.js';
+import { freePort, RedisServer, until } from './redis-server.js';
 
 const run = promisify(execFile);
 
@@ -93,12 +93,7 @@ export class RedisCluster {
     for (const server of this.servers) {
       const c = server.client();
       try {
-        for (let i = 0; ; i++) {
-          const info = String(await c.cluster('INFO'));
-          if (info.includes('cluster_state:ok')) break;
-          if (i > 100) throw new Error(`cluster on ${server.port} never became ok:\n${info}`);
-          await new Promise((r) => setTimeout(r, 100));
-        }
+        await until(async () => String(await c.cluster('INFO')).includes('cluster_state:ok'), 10_000, `cluster on ${server.port} never became ok`);
       } finally {
         c.disconnect();
       }

@@ -1,16 +1,11 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { freePort, RedisServer } from './redis-server.js';
+import { freePort, RedisServer, spawnUntilReady, until } from './redis-server.js';
 
 const MASTER_NAME = 'locks';
-// Sentinels of a test file that dies before its cleanup go with it.
-const running = new Set<ChildProcess>();
-process.once('exit', () => {
-  for (const child of running) child.kill('SIGKILL');
-});
 
 /**
  * A private Sentinel deployment for one test file: a master, one replica, and 3 sentinels
@@ -18,7 +13,7 @@ process.once('exit', () => {
  * master and resolves once the sentinels promoted the replica.
  */
 export class RedisSentinelSet {
-  private readonly clients: Redis[] = [];
+  private readonly sentinelClients = new Map<SentinelProcess, Redis>();
 
   private constructor(
     public master: RedisServer,
@@ -42,7 +37,7 @@ export class RedisSentinelSet {
       }
       const set = new RedisSentinelSet(master, replica, sentinels);
       // Ready when the replica is in sync and every sentinel knows the replica and the 2 other sentinels.
-      await set.until(async () => {
+      await until(async () => {
         const info = String(await set.direct(replica).info('replication'));
         if (!info.includes('master_link_status:up')) return false;
         for (const s of sentinels) {
@@ -74,24 +69,30 @@ export class RedisSentinelSet {
   async failover(): Promise<void> {
     const old = this.master;
     await old.kill();
-    await this.until(async () => (await this.masterPort()) === this.replica.port && (String(await this.direct(this.replica).info('replication'))).includes('role:master'), 30_000, 'no promotion');
+    await until(async () => (await this.masterPort()) === this.replica.port && (String(await this.direct(this.replica).info('replication'))).includes('role:master'), 30_000, 'no promotion');
     [this.master, this.replica] = [this.replica, old];
   }
 
   /** Starts the old master again: the sentinels turn it into a replica of the new one. Resolves once it is in sync. */
   async rejoin(): Promise<void> {
     await this.replica.launch();
-    await this.until(async () => /slave0:.*state=online/.test(String(await this.direct(this.master).info('replication'))), 30_000, 'the old master never rejoined as a replica');
+    await until(async () => /slave0:.*state=online/.test(String(await this.direct(this.master).info('replication'))), 30_000, 'the old master never rejoined as a replica');
   }
 
-  /** A plain connection to one data server, closed by `stop()`. */
+  /** A plain connection to one data server (one per server, reused by polls), closed by `stop()`. */
   direct(server: RedisServer): Redis {
-    const c = server.client();
+    let c = this.directClients.get(server);
+    if (!c) {
+      c = server.client();
+      this.directClients.set(server, c);
+    }
     return c;
   }
+  private readonly directClients = new Map<RedisServer, Redis>();
 
   async stop(): Promise<void> {
-    for (const c of this.clients.splice(0)) c.disconnect();
+    for (const c of this.sentinelClients.values()) c.disconnect();
+    this.sentinelClients.clear();
     await Promise.all(this.sentinels.map((s) => s.stop()));
     await Promise.all([this.master.stop(), this.replica.stop()]);
   }
@@ -102,19 +103,8 @@ export class RedisSentinelSet {
       c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 1, disconnectTimeout: 100 });
       c.on('error', () => undefined);
       this.sentinelClients.set(s, c);
-      this.clients.push(c);
     }
     return c;
-  }
-  private readonly sentinelClients = new Map<SentinelProcess, Redis>();
-
-  private async until(check: () => Promise<boolean>, ms: number, what: string): Promise<void> {
-    const end = Date.now() + ms;
-    for (;;) {
-      if (await check().catch(() => false)) return;
-      if (Date.now() > end) throw new Error(`${what} within ${ms} ms`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
   }
 }
 
@@ -143,25 +133,9 @@ class SentinelProcess {
         '',
       ].join('\n'),
     );
-    const child = spawn('redis-server', [conf, '--sentinel'], { stdio: ['ignore', 'pipe', 'pipe'] });
-    const s = new SentinelProcess(port, child, dir);
-    running.add(child);
-    child.once('exit', () => running.delete(child));
-    await new Promise<void>((resolve, reject) => {
-      let log = '';
-      const onData = (chunk: Buffer) => {
-        log += chunk.toString();
-        if (log.includes('+monitor master')) {
-          child.stdout!.off('data', onData);
-          child.stdout!.resume();
-          child.stderr!.resume();
-          resolve();
-        }
-      };
-      child.stdout!.on('data', onData);
-      child.once('exit', (code) => reject(new Error(`sentinel on port ${port} exited (${code}) before it was ready:\n${log}`)));
-      child.once('error', reject);
-    });
+    const child = spawnUntilReady([conf, '--sentinel'], '+monitor master', `sentinel on port ${port}`);
+    const s = new SentinelProcess(port, child.process, dir);
+    await child.ready;
     return s;
   }
 

@@ -56,32 +56,16 @@ export class RedisServer {
   /** Starts the server process on this server's port (again, after `kill()`). */
   async launch(): Promise<void> {
     if (this.child) throw new Error('redis-server already running');
-    const child = spawn(
-      'redis-server',
+    const child = spawnUntilReady(
       ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, '--daemonize', 'no', ...this.extraArgs],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      'Ready to accept connections',
+      `redis-server on port ${this.port}`,
     );
-    this.child = child;
-    running.add(child);
-    child.once('exit', () => {
-      running.delete(child);
-      if (this.child === child) this.child = undefined;
+    this.child = child.process;
+    child.process.once('exit', () => {
+      if (this.child === child.process) this.child = undefined;
     });
-    await new Promise<void>((resolve, reject) => {
-      let log = '';
-      const onData = (chunk: Buffer) => {
-        log += chunk.toString();
-        if (log.includes('Ready to accept connections')) {
-          child.stdout!.off('data', onData);
-          child.stdout!.resume();
-          child.stderr!.resume();
-          resolve();
-        }
-      };
-      child.stdout!.on('data', onData);
-      child.once('exit', (code) => reject(new Error(`redis-server on port ${this.port} exited (${code}) before it was ready:\n${log}`)));
-      child.once('error', reject);
-    });
+    await child.ready;
   }
 
   /** Kills the process (SIGKILL: nothing is saved) and waits until it is gone. */
@@ -129,6 +113,43 @@ for (const signal of ['SIGTERM', 'SIGINT'] as const) {
     killAll();
     process.kill(process.pid, signal);
   });
+}
+
+/**
+ * Spawns `redis-server args` (a server or, with `--sentinel`, a sentinel), killed with this test
+ * process if its test file dies before its cleanup. `ready` resolves once its log shows `marker`,
+ * and rejects if it exits first.
+ */
+export function spawnUntilReady(args: string[], marker: string, what: string): { process: ChildProcess; ready: Promise<void> } {
+  const child = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  running.add(child);
+  child.once('exit', () => running.delete(child));
+  const ready = new Promise<void>((resolve, reject) => {
+    let log = '';
+    const onData = (chunk: Buffer) => {
+      log += chunk.toString();
+      if (log.includes(marker)) {
+        child.stdout!.off('data', onData);
+        child.stdout!.resume();
+        child.stderr!.resume();
+        resolve();
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`${what} exited (${code}) before it was ready:\n${log}`)));
+    child.once('error', reject);
+  });
+  return { process: child, ready };
+}
+
+/** Resolves once `check` resolves true (a throwing check counts as false), polling every 50 ms; rejects after `ms`. */
+export async function until(check: () => Promise<boolean>, ms: number, what: string): Promise<void> {
+  const end = Date.now() + ms;
+  for (;;) {
+    if (await check().catch(() => false)) return;
+    if (Date.now() > end) throw new Error(`${what} within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 /** A TCP port free on 127.0.0.1 right now. */

@@ -38,7 +38,6 @@ const STEP_TIMEOUT_MS = 1_000;
 export class RedlockStore implements LockStore {
   readonly description: string;
   readonly quorum: number;
-  readonly issuesFencingTokens = false;
   readonly supportsFairMode = false;
 
   constructor(
