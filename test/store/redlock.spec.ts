@@ -1,8 +1,9 @@
 import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { LockQuorumError, type RedlockVote } from '../../lib/index.js';
+import { performance } from 'node:perf_hooks';
+import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer } from '../support/redis-server.js';
-import { nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redlock specifics over 3 independent servers started by the harness (the common behaviour runs
@@ -100,6 +101,24 @@ describe('Redlock over 3 independent servers', () => {
     expect(await elsewhere(() => app.locks.tryAcquire('rl:restart'))).toBeNull();
     await lock.release();
     expect(await holders('rl:restart')).toEqual([]);
+  });
+
+  it('ends a fixed lease locally before the nodes do, by the clock drift allowance', async () => {
+    const drifting = await startLockApp({ redlock: { clients: nodes.map((n) => n.url), driftFactor: 0.4 } });
+    try {
+      // leaseMs 2000, driftFactor 0.4: the local deadline is 2000 - 800 - 2 = 1198 ms after the
+      // attempt started, while the nodes keep the lock for 2000 ms. (Its loss then releases it on
+      // the nodes, so the deadline is read off the abort's timing; a late timer only makes it later.)
+      const started = performance.now();
+      const lock = await drifting.locks.acquire('rl:drift', { leaseMs: 2_000 });
+      const reason = await aborted(lock.signal);
+      const elapsed = performance.now() - started;
+      expect((reason as LockLostError).reason).toBe('lease-expired');
+      expect(elapsed).toBeGreaterThan(1_100);
+      expect(elapsed).toBeLessThan(1_700);
+    } finally {
+      await drifting.close();
+    }
   });
 
   it('tells a holder it lost its lock when a majority of nodes forgot it', async () => {
