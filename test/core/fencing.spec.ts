@@ -45,6 +45,27 @@ describe('fencing tokens', () => {
     await third.release();
   });
 
+  it('keep increasing while the counter is ahead of the server clock (a clock stepped back), for single, read and multi-key grants', async () => {
+    // A counter 10^15 microseconds (about 31 years) ahead of Redis's clock: the clock-seeded
+    // token alone would go backwards, so every grant must continue from the counter.
+    const ahead = 3_000_000_000_000_000;
+    for (const key of ['fence:ahead:x', 'fence:ahead:r', 'fence:ahead:g1', 'fence:ahead:g2']) await raw.set(`lock:{${key}}:fence`, String(ahead), 'PX', 60_000);
+    const single = await app.locks.acquire('fence:ahead:x');
+    expect(single.fencingToken).toBe(ahead + 1);
+    await single.release();
+    const again = await app.locks.acquire('fence:ahead:x');
+    expect(again.fencingToken).toBe(ahead + 2);
+    await again.release();
+    const read = await app.locks.readLock('fence:ahead:r');
+    expect(read.fencingToken).toBe(ahead + 1);
+    await read.release();
+    const group = await app.locks.acquire(['fence:ahead:g1', 'fence:ahead:g2']);
+    expect(group.handles.map((h) => h.fencingToken)).toEqual([ahead + 1, ahead + 1]);
+    await group.release();
+    // The counter keeps its idle lifetime after every grant.
+    expect(await raw.pttl('lock:{fence:ahead:x}:fence')).toBeGreaterThan(60_000);
+  });
+
   it('let the resource reject a holder paused past its lease (SIGSTOP) and accept the newer holder', async () => {
     const stale = new Fixture('fenced-holder', [redis.url, 'fence:paused', '600']);
     try {

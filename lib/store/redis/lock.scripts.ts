@@ -42,16 +42,27 @@
 export const FENCE_COUNTER_TTL_MS = 3_600_000;
 
 /**
+ * Lua fragment: the next fencing token of the counter `fence` into local `token`, the counter set
+ * to it (lifetime ARGV[3]). `time` is a Redis TIME reply. One SET ... GET in the usual case (the
+ * clock is ahead of the counter); a second SET only when the counter is ahead of the clock.
+ */
+function nextToken(time: string): string {
+  return `local token = tonumber(${time}[1]) * 1000000 + tonumber(${time}[2])
+  local last = tonumber(redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3], 'get') or '0')
+  if last >= token then
+    token = last + 1
+    redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+  end`;
+}
+
+/**
  * Lua fragment: grant a free lock to `owner` with a fresh fencing token and return. `timeExpr`
  * yields Redis TIME ({seconds, microseconds}). Expects locals lock, fence, owner, lease; ARGV[3] is
  * the counter's lifetime.
  */
 function grantFresh(timeExpr: string): string {
   return `local now = ${timeExpr}
-  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('get', fence) or '0')
-  if last >= token then token = last + 1 end
-  redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+  ${nextToken('now')}
   redis.call('hset', lock, owner, 1)
   redis.call('pexpire', lock, lease)
   return {1, 1, token}`;
@@ -149,9 +160,9 @@ return 1
  */
 export const RELEASE = `
 local lock, owner = KEYS[1], ARGV[1]
-if redis.call('hexists', lock, owner) == 0 then return -1 end
-local holds = redis.call('hincrby', lock, owner, -1)
-if holds > 0 then return holds end
+local holds = redis.call('hget', lock, owner)
+if not holds then return -1 end
+if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
 redis.call('hdel', lock, owner)
 -- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
 ${announce}
@@ -247,10 +258,7 @@ if live > 0 and not downgrade then
   local first = redis.call('zrange', writers, 0, 0, 'withscores')
   return {0, math.max(1, tonumber(first[2]) - nowMs)}
 end
-local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('get', fence) or '0')
-if last >= token then token = last + 1 end
-redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+${nextToken('t')}
 if not exists then redis.call('hset', lock, ':mode', 'read') end
 redis.call('hset', lock, field, 1)
 local ttl = redis.call('pttl', lock)
@@ -331,15 +339,11 @@ for i = 1, n do
   end
 end
 local t = redis.call('time')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {1}
 for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
   if redis.call('exists', lock) == 0 then
-    local token = now
-    local last = tonumber(redis.call('get', fence) or '0')
-    if last >= token then token = last + 1 end
-    redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+    ${nextToken('t')}
     redis.call('hset', lock, owner, 1)
     redis.call('pexpire', lock, lease)
     out[#out + 1] = 1
