@@ -16,8 +16,12 @@ export class HeldLock {
   deadline = 0;
   /** Monotonic time at which the watchdog should renew it. */
   renewAt = Infinity;
-  readonly controller = new AbortController();
   readonly acquiredAt = now();
+  /** The map key of this record (see heldLockId). */
+  readonly id: string;
+  /** Created on first use: most locks are released without anyone reading their signal. */
+  private controller: AbortController | undefined;
+  private loss: { reason: unknown } | undefined;
 
   constructor(
     readonly key: string,
@@ -30,6 +34,7 @@ export class HeldLock {
     /** Clock drift allowance to take off a lease's local deadline (Redlock). */
     private readonly drift: (leaseMs: number) => number = () => 0,
   ) {
+    this.id = heldLockId(owner, key, mode);
     this.setLease(leaseStart, leaseMs);
   }
 
@@ -41,7 +46,18 @@ export class HeldLock {
   }
 
   get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      if (this.loss) this.controller.abort(this.loss.reason);
+    }
     return this.controller.signal;
+  }
+
+  /** Marks the lock lost and aborts its signal (now, or when it is first read) with `reason`. */
+  abort(reason: unknown): void {
+    this.lost = true;
+    this.loss = { reason };
+    this.controller?.abort(reason);
   }
 
   get heldMs(): number {

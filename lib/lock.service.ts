@@ -574,12 +574,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       // A record without a matching hold in Redis means the old grant was lost unnoticed.
       if (lock) void this.markLost(lock, 'taken');
       lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
-      this.held.set(id, lock);
+      this.held.set(lock.id, lock);
       this.watchdog.add(lock);
-      if (result.holdCount > 1) {
-        this.emit({ type: 'reentered', key, owner: context.owner, holdCount: result.holdCount });
-      } else {
-        this.emit({ type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken: result.fencingToken });
+      // Events are built only when someone subscribed (this runs on every acquisition).
+      if (this.events.observed) {
+        this.emit(
+          result.holdCount > 1
+            ? { type: 'reentered', key, owner: context.owner, holdCount: result.holdCount }
+            : { type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken: result.fencingToken },
+        );
       }
     }
     return new LockHandle(this, lock, context, result.holdCount);
@@ -615,7 +618,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       void this.markLost(lock, 'taken');
       return;
     }
-    this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
+    if (this.events.observed) this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
   }
 
   /** @internal */
@@ -663,8 +666,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   private forget(lock: HeldLock): void {
     this.watchdog.remove(lock);
-    const id = heldLockId(lock.owner, lock.key, lock.mode);
-    if (this.held.get(id) === lock) this.held.delete(id);
+    if (this.held.get(lock.id) === lock) this.held.delete(lock.id);
   }
 
   /**
@@ -687,7 +689,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (reason === 'shutdown') this.logger.debug(error.message);
     else this.logger.warn(error.message);
     this.emit({ type: 'lost', key: lock.key, owner: lock.owner, reason, heldMs: error.heldMs, error });
-    lock.controller.abort(error);
+    lock.abort(error);
     return cleanup;
   }
 
