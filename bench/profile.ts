@@ -1,0 +1,179 @@
+// `npm run bench:profile`: where an acquire + release pair spends its time, for the throughput
+// scenarios (1: sequential, 2: 64 concurrent workers). Instead of pairs/s, which moves with
+// whatever else this shared machine runs, it counts what a pair costs:
+// - Node CPU microseconds per pair (process.cpuUsage: this process, ioredis included),
+// - Redis commands per pair and Redis CPU microseconds per pair (INFO commandstats; INFO cpu),
+// for the raw limit, nestjs-locked, and `scripts`: nestjs-locked's own two Lua scripts sent by a
+// bare ioredis client (no LockService), which separates what Redis does from what Node does.
+// Interleaved over PROFILE_ROUNDS rounds (median kept). PROFILE_OUT=file writes the medians as JSON.
+// PROFILE_CPU=1 also records a V8 CPU profile of nestjs-locked's runs (.tmp/bench-profile.cpuprofile,
+// open it in Chrome DevTools) and prints the functions with the most self time.
+import { Session } from 'node:inspector/promises';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { RedisServer } from '../test/support/redis-server.js';
+import { ACQUIRE, FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { makeLocker, type Locker, type LockerKind } from './lockers.js';
+import { median, round } from './stats.js';
+
+const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
+type Kind = LockerKind | 'scripts';
+const KINDS = (process.env.PROFILE_KINDS ?? 'raw,scripts,nestjs-locked').split(',') as Kind[];
+let keySeq = 0;
+const freshKey = () => `profile:${++keySeq}`;
+
+interface Cost {
+  pairsPerSec: number;
+  nodeCpuUsPerPair: number;
+  redisCpuUsPerPair: number;
+  redisCommandsPerPair: number;
+  commands: Record<string, number>;
+}
+
+async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Record<string, number> }> {
+  const cpu = await admin.info('cpu');
+  const cpuUs = ['used_cpu_sys', 'used_cpu_user'].reduce((s, f) => s + Number(new RegExp(`${f}:([\\d.]+)`).exec(cpu)?.[1] ?? 0) * 1e6, 0);
+  const calls: Record<string, number> = {};
+  for (const m of (await admin.info('commandstats')).matchAll(/cmdstat_([\w|]+):calls=(\d+)/g)) calls[m[1]!] = Number(m[2]);
+  return { cpuUs, calls };
+}
+
+/** nestjs-locked's acquire and release scripts, as LockService sends them, from a bare client. */
+async function scriptsLocker(url: string): Promise<Locker> {
+  const client = new Redis(url);
+  const [acquire, release] = (await Promise.all([client.script('LOAD', ACQUIRE), client.script('LOAD', RELEASE)])) as string[];
+  let owner = 0;
+  return {
+    acquire: async (key) => {
+      const name = `lock:{${key}}`;
+      const id = `profile-owner:${++owner}`;
+      await client.evalsha(acquire!, 2, name, `${name}:fence`, id, 30_000, FENCE_COUNTER_TTL_MS);
+      return async () => void (await client.evalsha(release!, 2, name, `${name}:queue`, id, name, 'publish'));
+    },
+    close: async () => void (await client.quit()),
+  };
+}
+
+async function measure(kind: Kind, url: string, admin: Redis, workers: number, pairs: number): Promise<Cost> {
+  const locker = kind === 'scripts' ? await scriptsLocker(url) : await makeLocker(kind, url);
+  await Promise.all(Array.from({ length: workers }, async () => (await locker.acquire(freshKey()))()));
+  const perWorker = Math.ceil(pairs / workers);
+  const before = await redisCounters(admin);
+  const cpu = process.cpuUsage();
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      for (let i = 0; i < perWorker; i++) await (await locker.acquire(freshKey()))();
+    }),
+  );
+  const elapsed = performance.now() - started;
+  const used = process.cpuUsage(cpu);
+  const after = await redisCounters(admin);
+  await locker.close();
+  const total = perWorker * workers;
+  const commands: Record<string, number> = {};
+  let count = 0;
+  for (const [name, calls] of Object.entries(after.calls)) {
+    // The two INFO calls of this measurement are not the lock's.
+    const n = calls - (before.calls[name] ?? 0) - (name === 'info' ? 2 : 0);
+    if (n > 0) {
+      commands[name] = round(n / total, 3);
+      count += n;
+    }
+  }
+  return {
+    pairsPerSec: round((total / elapsed) * 1000, 0),
+    nodeCpuUsPerPair: round((used.user + used.system) / total, 1),
+    redisCpuUsPerPair: round((after.cpuUs - before.cpuUs) / total, 1),
+    redisCommandsPerPair: round(count / total, 2),
+    commands,
+  };
+}
+
+/** Self time per function of a V8 CPU profile, top `n`. */
+function topSelfTime(profile: { nodes: { id: number; callFrame: { functionName: string; url: string; lineNumber: number } }[]; samples: number[]; timeDeltas: number[] }, n: number) {
+  const byId = new Map(profile.nodes.map((node) => [node.id, node]));
+  const self = new Map<string, number>();
+  let total = 0;
+  profile.samples.forEach((id, i) => {
+    const frame = byId.get(id)!.callFrame;
+    const name = `${frame.functionName || '(anonymous)'} ${frame.url.replace(/^.*(node_modules|\.bench-build)\//, '')}:${frame.lineNumber + 1}`;
+    const dt = profile.timeDeltas[i] ?? 0;
+    self.set(name, (self.get(name) ?? 0) + dt);
+    total += dt;
+  });
+  return [...self.entries()]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, n)
+    .map(([name, us]) => `${((us / total) * 100).toFixed(1).padStart(5)}%  ${name}`);
+}
+
+async function main() {
+  const redis = await RedisServer.start();
+  const admin = new Redis(redis.url);
+  const session = process.env.PROFILE_CPU ? new Session() : undefined;
+  if (session) {
+    session.connect();
+    await session.post('Profiler.enable');
+    await session.post('Profiler.setSamplingInterval', { interval: 100 });
+  }
+  const out: Record<string, Record<string, Cost>> = {};
+  try {
+    for (const [scenario, workers, pairs] of [
+      ['1 sequential', 1, 4_000],
+      ['2 64 workers', 64, 12_800],
+    ] as const) {
+      const runs = new Map<Kind, Cost[]>(KINDS.map((k) => [k, []]));
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const kind of r % 2 ? [...KINDS].reverse() : KINDS) {
+          const profiled = session && kind.startsWith('nestjs-locked');
+          if (profiled) await session.post('Profiler.start');
+          runs.get(kind)!.push(await measure(kind, redis.url, admin, workers, pairs));
+          if (profiled) {
+            const { profile } = await session.post('Profiler.stop');
+            mkdirSync(join(repoRoot, '.tmp'), { recursive: true });
+            const file = join(repoRoot, '.tmp', `bench-profile-${kind}-${workers}.cpuprofile`);
+            writeFileSync(file, JSON.stringify(profile));
+            if (r === ROUNDS - 1) console.log(`\n${scenario}, ${kind}: self time (${file})\n${topSelfTime(profile as never, 25).join('\n')}`);
+          }
+        }
+      }
+      out[scenario] = {};
+      for (const [kind, costs] of runs) {
+        const pick = (f: keyof Cost) => median(costs.map((c) => c[f] as number));
+        out[scenario]![kind] = {
+          pairsPerSec: pick('pairsPerSec'),
+          nodeCpuUsPerPair: pick('nodeCpuUsPerPair'),
+          redisCpuUsPerPair: pick('redisCpuUsPerPair'),
+          redisCommandsPerPair: pick('redisCommandsPerPair'),
+          commands: costs[Math.floor(costs.length / 2)]!.commands,
+        };
+      }
+    }
+  } finally {
+    session?.disconnect();
+    await admin.quit();
+    await redis.stop();
+  }
+  for (const [scenario, kinds] of Object.entries(out)) {
+    console.log(`\n${scenario} (median of ${ROUNDS} interleaved rounds)`);
+    console.log('lock'.padEnd(20), 'pairs/s'.padStart(9), 'node us/pair'.padStart(13), 'redis us/pair'.padStart(14), 'cmds/pair'.padStart(10), ' commands per pair');
+    for (const [kind, c] of Object.entries(kinds)) {
+      console.log(
+        kind.padEnd(20),
+        String(c.pairsPerSec).padStart(9),
+        String(c.nodeCpuUsPerPair).padStart(13),
+        String(c.redisCpuUsPerPair).padStart(14),
+        String(c.redisCommandsPerPair).padStart(10),
+        ' ' + Object.entries(c.commands).map(([k, v]) => `${k} ${v}`).join(', '),
+      );
+    }
+  }
+  if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify(out, null, 2) + '\n');
+}
+
+await main();
