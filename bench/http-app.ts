@@ -1,11 +1,13 @@
-// Benchmark child process: a Nest HTTP app with the same endpoint three ways: no lock, @Locked,
-// and a hand-written SET NX PX / compare-and-delete lock. argv: redisUrl
+// Benchmark child process: a Nest HTTP app with the same endpoint five ways: no lock, @Locked, a
+// hand-written SET NX PX / compare-and-delete lock, and two that split @Locked's cost in two:
+// LockService.run() inside the handler (the lock without the decorator), and LockInterceptor alone
+// (the Nest interceptor that @Locked applies, without a lock). argv: redisUrl
 import 'reflect-metadata';
-import { Controller, Get, Module, Param } from '@nestjs/common';
+import { Controller, Get, Module, Param, UseInterceptors } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
-import { Locked, LockModule } from '../lib/index.js';
+import { Locked, LockInterceptor, LockModule, LockService } from '../lib/index.js';
 
 const url = process.argv[2]!;
 const redis = new Redis(url);
@@ -14,6 +16,8 @@ const sha = (await redis.script('LOAD', CAD)) as string;
 
 @Controller()
 class ItemsController {
+  constructor(private readonly locks: LockService) {}
+
   @Get('none/:id')
   none(@Param('id') id: string) {
     return { id };
@@ -22,6 +26,17 @@ class ItemsController {
   @Get('locked/:id')
   @Locked('item:<0>')
   locked(@Param('id') id: string) {
+    return { id };
+  }
+
+  @Get('service/:id')
+  service(@Param('id') id: string) {
+    return this.locks.run(`item:${id}`, () => ({ id }));
+  }
+
+  @Get('interceptor/:id')
+  @UseInterceptors(LockInterceptor)
+  interceptor(@Param('id') id: string) {
     return { id };
   }
 

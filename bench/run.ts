@@ -182,7 +182,7 @@ async function http(url: string, durationS = 5): Promise<Record<string, Row>> {
   const child = fork(join(here, 'http-app.js'), [url], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const base = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
   const out: Record<string, Row> = {};
-  for (const endpoint of ['none', 'locked', 'manual']) {
+  for (const endpoint of ['none', 'locked', 'manual', 'service', 'interceptor']) {
     await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: 1 }); // warm-up
     const result = await repeated(async () => {
       const r = await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: durationS });
