@@ -53,11 +53,15 @@ export class HeldLock {
     return this.controller.signal;
   }
 
-  /** Marks the lock lost and aborts its signal (now, or when it is first read) with `reason`. */
-  abort(reason: unknown): void {
+  /** Marks the lock lost with `reason`: from now on its signal, once read, is aborted with it. */
+  setLost(reason: unknown): void {
     this.lost = true;
     this.loss = { reason };
-    this.controller?.abort(reason);
+  }
+
+  /** Aborts the signal of a lock marked lost, if anyone has read it yet (else it is aborted when first read). */
+  abort(): void {
+    if (this.loss) this.controller?.abort(this.loss.reason);
   }
 
   get heldMs(): number {

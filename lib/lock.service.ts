@@ -676,9 +676,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    */
   private markLost(lock: HeldLock, reason: LockLossReason): Promise<void> {
     if (lock.lost) return Promise.resolve();
-    lock.lost = true;
-    this.forget(lock);
     const error = new LockLostError(lock.key, lock.owner, reason, lock.heldMs);
+    lock.setLost(error);
+    this.forget(lock);
     const cleanup =
       reason === 'taken'
         ? Promise.resolve()
@@ -689,7 +689,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (reason === 'shutdown') this.logger.debug(error.message);
     else this.logger.warn(error.message);
     this.emit({ type: 'lost', key: lock.key, owner: lock.owner, reason, heldMs: error.heldMs, error });
-    lock.abort(error);
+    lock.abort();
     return cleanup;
   }
 

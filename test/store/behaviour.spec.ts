@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { performance } from 'node:perf_hooks';
-import { Locked, LockConfigurationError, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, type LockLostError, type LockModuleOptions } from '../../lib/index.js';
+import { Locked, LockConfigurationError, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, LockLostError, type LockModuleOptions } from '../../lib/index.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
@@ -210,6 +210,29 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('behaviour on 
     expect(await app.locks.forceUnlock('b:force')).toBe(true);
     expect(((await aborted(lock.signal)) as LockLostError).reason).toBe('taken');
     expect(await app.locks.forceUnlock('b:force')).toBe(false);
+  });
+
+  it('aborts a signal first read after the loss, or inside the lost event, with the loss', async () => {
+    // A lock's AbortController is created when its signal is first read: neither handle's
+    // signal is touched before its lock is lost.
+    const later = await app.locks.acquire('b:late-signal');
+    const during = await app.locks.acquire('b:event-signal');
+    const seen = new Promise<unknown>((resolve) => {
+      const subscription = app.locks.events$.subscribe((e) => {
+        if (e.type === 'lost' && e.key === 'b:event-signal') {
+          subscription.unsubscribe();
+          resolve(during.signal.aborted ? during.signal.reason : 'not aborted');
+        }
+      });
+    });
+    await app.locks.forceUnlock('b:event-signal');
+    const inEvent = await seen;
+    expect(inEvent).toBeInstanceOf(LockLostError);
+    expect(during.signal.reason).toBe(inEvent);
+    await app.locks.forceUnlock('b:late-signal');
+    expect(later.signal.aborted).toBe(true);
+    expect((later.signal.reason as LockLostError).reason).toBe('taken');
+    await expect(later.extend(1_000)).rejects.toBe(later.signal.reason);
   });
 });
 
