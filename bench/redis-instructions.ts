@@ -107,6 +107,15 @@ async function instructionsPerPair(make: (client: Redis) => Promise<Pair>): Prom
   }
 }
 
+for (const tool of ['valgrind', 'callgrind_control']) {
+  try {
+    execFileSync(tool, ['--version'], { stdio: 'ignore' });
+  } catch {
+    console.error(`${tool} not found: npm run bench:instructions needs valgrind (Debian/Ubuntu: sudo apt-get install -y valgrind)`);
+    process.exit(1);
+  }
+}
+
 const out: Record<string, number> = {};
 for (const [name, make] of Object.entries(kinds)) {
   out[name] = Math.round(await instructionsPerPair(make));
