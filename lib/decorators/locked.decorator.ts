@@ -3,9 +3,10 @@ import { Observable } from 'rxjs';
 import { LockConfigurationError } from '../errors/lock-configuration.error.js';
 import { assertLockKey, canonicalKeys } from '../lock-key.js';
 import { validateLockedOptions, type LockedOptions } from '../lock-options.js';
-import { LockInterceptor } from '../lock.interceptor.js';
+import { LockInterceptor, withLockErrorsTranslated } from '../lock.interceptor.js';
 import { LockService } from '../lock.service.js';
 import { LOCKED_METADATA } from '../lock.constants.js';
+import { declareCallSite, LockCallSite } from './lock-call-site.js';
 import { LockKeyTemplate } from './lock-key.template.js';
 import { invokeLocked, type LockedSpec } from './lock-pipeline.js';
 
@@ -53,8 +54,16 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
       throw new LockConfigurationError('@Locked', `${where}: @Locked needs an instance method of a Nest provider or controller, not a static method.`);
     }
     const spec = buildSpec(key, options, where, target, propertyKey);
+    // Where Nest passes the call site of a handler call (see lock-call-site.ts); undefined: the
+    // interceptor translates lock failures instead.
+    const siteIndex = declareCallSite(target, propertyKey, method as (...a: unknown[]) => unknown);
 
     const lockedMethod = function (this: Record<symbol, LockService | undefined>, ...args: unknown[]) {
+      let site: LockCallSite | undefined;
+      if (siteIndex !== undefined && args[siteIndex] instanceof LockCallSite) {
+        site = args[siteIndex] as LockCallSite;
+        args = [...args.slice(0, siteIndex), ...args.slice(siteIndex + 1)];
+      }
       const locks = this?.[LOCK_SERVICE];
       if (!locks) {
         const error = new LockConfigurationError(
@@ -64,7 +73,8 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         if (spec.observable) return new Observable((s) => s.error(error));
         return Promise.reject(error);
       }
-      return invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
+      const result = invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
+      return site ? withLockErrorsTranslated(result, site.context, locks.settings.contendedHttpStatus) : result;
     };
     // Whatever other decorators recorded on the method (route, @Cron, @MessagePattern, guards...)
     // stays visible on the wrapper, so @Locked may sit above or below them.
@@ -79,7 +89,7 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
       injected.add(target);
       Inject(LockService)(target, LOCK_SERVICE);
     }
-    UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
+    if (siteIndex === undefined) UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
     return descriptor;
   };
 }

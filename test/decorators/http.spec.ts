@@ -1,7 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import {
   Body,
+  Catch,
   Controller,
+  HttpException,
+  type ArgumentsHost,
+  type ExceptionFilter,
   Get,
   Injectable,
   Module,
@@ -16,7 +20,7 @@ import {
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { interval, map, type Observable } from 'rxjs';
-import { Locked, LockModule, LockService } from '../../lib/index.js';
+import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
 import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
@@ -81,6 +85,20 @@ class ItemsController {
   @Get(':id/fail')
   async failFast(@Param('id') id: string) {
     return { id };
+  }
+
+  // No parameters; @Locked above the route decorator: Nest passes the call site, no interceptor.
+  @Locked('items:all')
+  @Get('all/above')
+  async listAbove() {
+    return { key: this.locks.current()?.key };
+  }
+
+  // No parameters; @Locked below the route decorator: the interceptor translates instead.
+  @Get('all/below')
+  @Locked('items:all')
+  async listBelow() {
+    return { key: this.locks.current()?.key };
   }
 
   @Sse(':id/stream')
@@ -180,6 +198,19 @@ for (const platform of ['express', 'fastify'] as const) {
       await holder.release();
     });
 
+    it('answers 409 from handlers without parameters on either side of the route decorator', async () => {
+      expect(await (await fetch(`${url}/items/all/above`)).json()).toEqual({ key: 'items:all' });
+      expect(await (await fetch(`${url}/items/all/below`)).json()).toEqual({ key: 'items:all' });
+      const holder = await locks.acquire('items:all', { leaseMs: 4_000 });
+      for (const path of ['all/above', 'all/below']) {
+        const res = await fetch(`${url}/items/${path}`);
+        expect(res.status).toBe(409);
+        expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+        expect(await res.json()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key: 'items:all' });
+      }
+      await holder.release();
+    });
+
     it('passes the handler\'s own exceptions through unchanged', async () => {
       const res = await fetch(`${url}/items/3/missing`);
       expect(res.status).toBe(404);
@@ -202,6 +233,24 @@ for (const platform of ['express', 'fastify'] as const) {
       expect(await locks.isLocked('stream:s1')).toBe(false);
     });
   });
+}
+
+describe('which @Locked handlers carry LockInterceptor', () => {
+  const interceptors = (method: unknown) => (Reflect.getMetadata('__interceptors__', method as object) as unknown[] | undefined) ?? [];
+  it('only those where Nest cannot pass the call site (no parameter decorators, @Locked below the route)', () => {
+    const handlers = ItemsController.prototype as unknown as Record<string, unknown>;
+    for (const name of ['get', 'transfer', 'missing', 'failFast', 'stream', 'listAbove']) expect(interceptors(handlers[name])).not.toContain(LockInterceptor);
+    expect(interceptors(handlers.listBelow)).toContain(LockInterceptor);
+  });
+});
+
+/** An application-wide filter that reshapes every HttpException: it must see the lock's answers too. */
+@Catch(HttpException)
+class ReshapingFilter implements ExceptionFilter {
+  catch(exception: HttpException, host: ArgumentsHost) {
+    const response = host.switchToHttp().getResponse<{ status(code: number): { json(body: unknown): void } }>();
+    response.status(exception.getStatus()).json({ reshaped: true, original: exception.getResponse() });
+  }
 }
 
 describe('LockInterceptor options and loss', () => {
@@ -236,6 +285,7 @@ describe('LockInterceptor options and loss', () => {
     @Module({ imports: [LockModule.forRoot({ redis: redis.url, contendedHttpStatus: 423 })], controllers: [JobsController] })
     class AppModule {}
     app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
+    app.useGlobalFilters(new ReshapingFilter());
     await app.listen(0, '127.0.0.1');
     url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
     locks = app.get(LockService);
@@ -245,11 +295,11 @@ describe('LockInterceptor options and loss', () => {
     await redis?.stop();
   });
 
-  it('answers 423 Locked when configured so', async () => {
+  it('answers 423 Locked when configured so, through the application\'s own exception filter', async () => {
     const holder = await locks.acquire('job:1');
     const res = await fetch(`${url}/jobs/1`, { method: 'POST' });
     expect(res.status).toBe(423);
-    expect(await res.json()).toMatchObject({ statusCode: 423, error: 'Locked', key: 'job:1' });
+    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 423, error: 'Locked', key: 'job:1' } });
     expect(res.headers.get('retry-after')).not.toBeNull();
     await holder.release();
   });
@@ -257,6 +307,6 @@ describe('LockInterceptor options and loss', () => {
   it('answers 503 when the handler stopped because its lock was lost', async () => {
     const res = await fetch(`${url}/jobs/2/long`, { method: 'POST' });
     expect(res.status).toBe(503);
-    expect(await res.json()).toMatchObject({ statusCode: 503, code: 'LOCK_LOST', key: 'job:2' });
+    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:2' } });
   });
 });

@@ -24,6 +24,13 @@ class OrdersHandlers {
     return { key: this.locks.current()?.key, holdCount: this.locks.current()?.holdCount };
   }
 
+  // No parameter decorators: Nest passes the raw message, which @Locked must not take away.
+  @MessagePattern('order.raw')
+  @Locked('order:<0.id>', { onContention: 'fail' })
+  async raw(order: { id: number }) {
+    return { key: this.locks.current()?.key, id: order.id };
+  }
+
   // @Locked below the pattern decorator
   @EventPattern('order.shipped')
   @Locked('order:<0.id>')
@@ -40,6 +47,13 @@ class ChatGateway {
   @Locked('doc:<0.doc>', { onContention: 'fail' })
   async edit(@MessageBody() body: { doc: string }) {
     return { event: 'edited', data: { key: this.locks.current()?.key } };
+  }
+
+  // No parameter decorators: Nest passes the raw (client, data).
+  @SubscribeMessage('rename')
+  @Locked((_client: unknown, body: { doc: string }) => `doc:${body.doc}`, { onContention: 'fail' })
+  async rename(client: unknown, body: { doc: string }) {
+    return { event: 'renamed', data: { key: this.locks.current()?.key, client: typeof client, doc: body.doc } };
   }
 }
 
@@ -79,6 +93,14 @@ describe('@Locked on microservice handlers (TCP)', () => {
     expect(failure).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'order:5' });
     expect((failure as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(4_000);
     expect(handled).not.toContain('reserve:5');
+    await holder.release();
+  });
+
+  it('leaves a handler without parameter decorators its raw arguments, and still answers contention with an RpcException', async () => {
+    expect(await firstValueFrom(client.send('order.raw', { id: 7 }))).toEqual({ key: 'order:7', id: 7 });
+    const holder = await locks.acquire('order:8', { leaseMs: 5_000 });
+    const failure = await firstValueFrom(client.send('order.raw', { id: 8 })).catch((e: unknown) => e);
+    expect(failure).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'order:8' });
     await holder.release();
   });
 
@@ -126,6 +148,17 @@ describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
     const exception = new Promise((resolve) => socket.once('exception', resolve));
     socket.emit('edit', { doc: 'spec' });
     expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'doc:spec' });
+    await holder.release();
+  });
+
+  it('leaves a handler without parameter decorators its raw (client, data), and still answers contention with a WsException', async () => {
+    const reply = new Promise((resolve) => socket.once('renamed', resolve));
+    socket.emit('rename', { doc: 'notes' });
+    expect(await reply).toEqual({ key: 'doc:notes', client: 'object', doc: 'notes' });
+    const holder = await locks.acquire('doc:busy');
+    const exception = new Promise((resolve) => socket.once('exception', resolve));
+    socket.emit('rename', { doc: 'busy' });
+    expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'doc:busy' });
     await holder.release();
   });
 });
