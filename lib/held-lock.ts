@@ -8,8 +8,6 @@ import type { LockMode } from './store/lock-store.js';
 export class HeldLock {
   /** Handles of this service not yet released. The lock is given back when it reaches 0. */
   holds = 1;
-  /** Set once the lock is known to be lost; it is then forgotten and never renewed again. */
-  lost = false;
   /** A renewal of this lock is in flight. */
   renewing = false;
   /** Monotonic time after which Redis may already have dropped the lock. */
@@ -21,6 +19,7 @@ export class HeldLock {
   readonly id: string;
   /** Created on first use: most locks are released without anyone reading their signal. */
   private controller: AbortController | undefined;
+  /** Set once the lock is known to be lost (see `lost`), with the reason its signal aborts with. */
   private loss: { reason: unknown } | undefined;
 
   constructor(
@@ -53,9 +52,13 @@ export class HeldLock {
     return this.controller.signal;
   }
 
+  /** The lock is known to be lost; it is then forgotten and never renewed again. */
+  get lost(): boolean {
+    return this.loss !== undefined;
+  }
+
   /** Marks the lock lost with `reason`: from now on its signal, once read, is aborted with it. */
   setLost(reason: unknown): void {
-    this.lost = true;
     this.loss = { reason };
   }
 
