@@ -297,9 +297,9 @@ return {0, redis.call('pttl', lock)}
  */
 export const RELEASE_RW = `
 local lock, field = KEYS[1], ARGV[1]
-if redis.call('hexists', lock, field) == 0 then return -1 end
-local holds = redis.call('hincrby', lock, field, -1)
-if holds > 0 then return holds end
+local holds = redis.call('hget', lock, field)
+if not holds then return -1 end
+if tonumber(holds) > 1 then return redis.call('hincrby', lock, field, -1) end
 redis.call('hdel', lock, field)
 local left = redis.call('hlen', lock)
 local mode = redis.call('hget', lock, ':mode')
