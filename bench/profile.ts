@@ -15,7 +15,8 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
-import { ACQUIRE, FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { scriptsPair } from './our-scripts.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
 import { median, round } from './stats.js';
 
@@ -42,17 +43,16 @@ async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Reco
   return { cpuUs, calls };
 }
 
-/** nestjs-locked's acquire and release scripts, as LockService sends them, from a bare client. */
+/** nestjs-locked's acquire and release scripts from a bare client (no LockService). */
 async function scriptsLocker(url: string): Promise<Locker> {
   const client = new Redis(url);
-  const [acquire, release] = (await Promise.all([client.script('LOAD', ACQUIRE), client.script('LOAD', RELEASE)])) as string[];
+  const pair = await scriptsPair(client, ACQUIRE, RELEASE);
   let owner = 0;
   return {
+    // One call does the whole pair: the release function is then a no-op.
     acquire: async (key) => {
-      const name = `lock:{${key}}`;
-      const id = `profile-owner:${++owner}`;
-      await client.evalsha(acquire!, 2, name, `${name}:fence`, id, 30_000, FENCE_COUNTER_TTL_MS);
-      return async () => void (await client.evalsha(release!, 2, name, `${name}:queue`, id, name, 'publish'));
+      await pair(key, `profile-owner:${++owner}`);
+      return async () => undefined;
     },
     close: async () => void (await client.quit()),
   };

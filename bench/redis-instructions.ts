@@ -13,7 +13,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
-import { ACQUIRE, FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { scriptsPair } from './our-scripts.js';
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PAIRS = Number(process.env.INSTRUCTIONS_PAIRS ?? 2_000);
@@ -23,13 +24,8 @@ type Pair = (client: Redis, i: number) => Promise<void>;
 
 function ourPair(acquire: string, release: string): (client: Redis) => Promise<Pair> {
   return async (client) => {
-    const [a, r] = (await Promise.all([client.script('LOAD', acquire), client.script('LOAD', release)])) as string[];
-    return async (c, i) => {
-      const name = `lock:{k${i}}`;
-      const owner = `instance-id-xyz:${i}`;
-      await c.evalsha(a!, 2, name, `${name}:fence`, owner, 30_000, FENCE_COUNTER_TTL_MS);
-      await c.evalsha(r!, 2, name, `${name}:queue`, owner, name, 'publish');
-    };
+    const pair = await scriptsPair(client, acquire, release);
+    return (_c, i) => pair(`k${i}`, `instance-id-xyz:${i}`);
   };
 }
 

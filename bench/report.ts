@@ -158,7 +158,6 @@ function readExtras(root: string): Extras {
   return { profile: read('profile.json'), profileBefore: read('profile-before.json'), instructions: read('redis-instructions.json') };
 }
 
-const ratioOf = (a: Cost | undefined, b: Cost | undefined) => (a && b ? (a.pairsPerSec / b.pairsPerSec).toFixed(2) : '?');
 
 function explainMisses(r: Results, e: Extras): string[] {
   const lines: string[] = [];
@@ -184,7 +183,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     }
     if (seq?.scripts && par?.scripts) {
       text +=
-        ` Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${ratioOf(seq.scripts, seq.raw)} x raw in scenario 1 and ${ratioOf(par.scripts, par.raw)} x in scenario 2 in that run: the ceiling for this data model on this machine. ` +
+        ` Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${x(seq.scripts.pairsPerSec, seq.raw!.pairsPerSec)} raw in scenario 1 and ${x(par.scripts.pairsPerSec, par.raw!.pairsPerSec)} in scenario 2 in that run: the ceiling for this data model on this machine. ` +
         `LockService adds ${(seq['nestjs-locked']!.nodeCpuUsPerPair - seq.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 1) and ${(par['nestjs-locked']!.nodeCpuUsPerPair - par.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 2) of Node CPU per pair on top. ` +
         'In scenario 2 Redis and Node share the 2 cores, so pairs/s follows the sum of both processes\' CPU per pair.';
     }
@@ -244,7 +243,7 @@ function profileSection(e: Extras): string[] {
       if (!data) continue;
       for (const [scenario, kinds] of Object.entries(data)) {
         for (const [kind, c] of Object.entries(kinds)) {
-          out.push(`| ${scenario} | ${kind} | ${label} | ${fmt(c.pairsPerSec)} | ${ratioOf(c, kinds.raw)}x | ${c.nodeCpuUsPerPair} | ${c.redisCpuUsPerPair} | ${c.redisCommandsPerPair} |`);
+          out.push(`| ${scenario} | ${kind} | ${label} | ${fmt(c.pairsPerSec)} | ${x(c.pairsPerSec, kinds.raw!.pairsPerSec)} | ${c.nodeCpuUsPerPair} | ${c.redisCpuUsPerPair} | ${c.redisCommandsPerPair} |`);
         }
       }
     }
