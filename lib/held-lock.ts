@@ -44,6 +44,15 @@ export class HeldLock {
     this.renewAt = this.watchdog ? start + leaseMs / 3 : Infinity;
   }
 
+  /**
+   * Redis holds this fresh grant for only `shortMs` from `start` (a fair handover): the deadline
+   * follows that, and the watchdog renews it to the full lease within a third of it.
+   */
+  shortenFirstLease(start: number, shortMs: number): void {
+    this.deadline = start + shortMs - this.drift(shortMs);
+    if (this.watchdog) this.renewAt = start + shortMs / 3;
+  }
+
   get signal(): AbortSignal {
     if (!this.controller) {
       this.controller = new AbortController();

@@ -53,7 +53,8 @@ export interface LockModuleOptions {
   contendedHttpStatus?: 409 | 423;
   /**
    * Fair mode: how long a waiter keeps its place in the queue without a new attempt (waiters retry
-   * every half of it while they wait). A waiter that crashed stalls the queue at most this long.
+   * every half of min(lease, this) while they wait), and the longest lease a release hands the next
+   * waiter the lock with. A waiter that crashed stalls the queue at most twice this long.
    * Default 5 000.
    */
   fairQueueTimeoutMs?: number;
@@ -155,8 +156,9 @@ export interface LockOptions {
   signal?: AbortSignal;
   /**
    * First come, first served across processes: waiters queue in Redis in the order of their first
-   * attempt, and a release wakes only the head of the queue. Use it for every acquisition of a key,
-   * or for none: a non-fair acquisition does not look at the queue.
+   * attempt, and a release hands the lock to the head of the queue in the same step (the waiter
+   * holds it without a round trip of its own). Use it for every acquisition of a key, or for none:
+   * a non-fair acquisition does not look at the queue.
    */
   fair?: boolean;
   /**

@@ -472,12 +472,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       await withTimeout(watch.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
       for (;;) {
         o.signal?.throwIfAborted();
-        attempt = await this.attempt(key, context.owner, o, deadline);
+        attempt = await this.attempt(key, context.owner, o, deadline, watch.waitId);
         if (attempt.result.granted) {
           woken = false;
           granted = true;
           return this.granted(key, context, o, attempt.result, attempt.start, started);
         }
+        watch.forgetGrant(attempt.result.lastToken);
         woken = false;
         const remaining = deadline - now();
         if (remaining <= 0) {
@@ -487,10 +488,21 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
         // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
         // A fair waiter, or a waiting writer, comes back before its place runs out.
+        // A fair waiter also comes back within half its handover lease, so a lock handed to it is
+        // never older than that when it gets the message (see handedOver).
         const ttl = attempt.result.ttlMs;
         let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
-        if (o.fair || o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
+        if (o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
+        if (o.fair) bound = Math.min(bound, this.handoverLeaseMs(o) / 2);
         const how = await watch.sleep(bound, o.signal);
+        if (how === 'granted') {
+          const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);
+          if (handle) {
+            granted = true;
+            return handle;
+          }
+          continue;
+        }
         if (how === 'aborted') o.signal?.throwIfAborted();
         woken = how === 'released';
       }
@@ -501,15 +513,56 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     }
   }
 
+  /** Fair mode: the lease a release hands this waiter the lock with (at most the queue timeout, so a crashed waiter stalls the queue no longer than its place would). */
+  private handoverLeaseMs(o: ResolvedLockOptions): number {
+    return Math.min(o.leaseMs, this.options.fairQueueTimeoutMs);
+  }
+
+  /**
+   * A fair release handed the lock to this waiter (no round trip of ours). Redis set the handover
+   * lease at the release, which came after the start of our latest attempt (`attemptStart`): the
+   * lease is counted from there. A grant already past that lease (this process was paused) is
+   * given back and undefined returned, so the caller tries again. A fixed lease (no watchdog)
+   * longer than the handover lease is set in Redis before the lock is handed out.
+   */
+  private async handedOver(key: string, context: LockContext, o: ResolvedLockOptions, fencingToken: number, attemptStart: number, started: number): Promise<LockHandle | undefined> {
+    const handoverMs = this.handoverLeaseMs(o);
+    const result = { granted: true as const, holdCount: 1, fencingToken };
+    if (now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
+      await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      return undefined;
+    }
+    if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
+    const start = now();
+    const [kept] = await this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }]).catch(() => [false]);
+    // Not kept: the handover was lost meanwhile; the next attempt says where things stand.
+    return kept ? this.granted(key, context, o, result, start, started) : undefined;
+  }
+
   /** One acquisition attempt of one key (see `bounded`). */
   private async attempt(
     key: string,
     owner: string,
     o: ResolvedLockOptions,
     deadline: number,
+    waitId?: string,
   ): Promise<{ result: AcquireResult; start: number }> {
     const start = now();
-    const request = this.store.acquire({ key, owner, leaseMs: o.leaseMs, mode: o.mode, fair: o.fair, queueTimeoutMs: this.options.fairQueueTimeoutMs });
+    const request = this.store.acquire(
+      o.fair
+        ? {
+            key,
+            owner,
+            leaseMs: o.leaseMs,
+            mode: o.mode,
+            fair: true,
+            queueTimeoutMs: this.options.fairQueueTimeoutMs,
+            handoverLeaseMs: this.handoverLeaseMs(o),
+            heldLocally: this.held.has(heldLockId(owner, key, o.mode)),
+            waitId,
+          }
+        : { key, owner, leaseMs: o.leaseMs, mode: o.mode },
+    );
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
@@ -560,6 +613,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     result: AcquireResult & { granted: true },
     leaseStart: number,
     started: number,
+    /** A fair handover: Redis holds the lock for this long from `leaseStart`, until the watchdog renews it to `o.leaseMs`. */
+    handoverMs?: number,
   ): LockHandle {
     const id = heldLockId(context.owner, key, o.mode);
     let lock = this.held.get(id);
@@ -574,6 +629,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       // A record without a matching hold in Redis means the old grant was lost unnoticed.
       if (lock) void this.markLost(lock, 'taken');
       lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
+      if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);
       // Events are built only when someone subscribed (this runs on every acquisition).
@@ -646,7 +702,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
     if (!o.fair && o.mode !== 'write') return;
-    await this.store.abandon(key, owner, o.mode, o.fair).catch(() => undefined);
+    await this.store.abandon(key, owner, o.mode, o.fair, this.held.has(heldLockId(owner, key, o.mode))).catch(() => undefined);
   }
 
   /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */

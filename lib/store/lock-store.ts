@@ -39,10 +39,11 @@ export interface LockStore {
   forceUnlock(key: string): Promise<boolean>;
 
   /**
-   * A waiter gave up: takes `owner` out of the fair queue of `key` (waking the next waiter if
-   * needed) and, for a writer, out of the waiting writers.
+   * A waiter gave up: takes `owner` out of the fair queue of `key` (handing a free lock to the next
+   * waiter) and, for a writer, out of the waiting writers. A lock handed to `owner` after it gave
+   * up is given back, unless `heldLocally` (the caller's process holds it for `owner`).
    */
-  abandon(key: string, owner: string, mode: LockMode, fair: boolean): Promise<void>;
+  abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally?: boolean): Promise<void>;
 
   /**
    * Starts watching `key` for releases, as `owner` (fair mode wakes owners by name). The watch
@@ -74,6 +75,15 @@ export interface AcquireRequest {
   fair?: boolean;
   /** Fair mode: how long a queued place survives without a new attempt. */
   queueTimeoutMs?: number;
+  /** Fair mode: the lease a release hands this owner the lock with (default min(leaseMs, queueTimeoutMs)). */
+  handoverLeaseMs?: number;
+  /**
+   * Fair mode: the caller's process holds this lock for `owner`. When it does not, a lock that was
+   * handed to `owner` while it waited is returned as a fresh grant instead of a re-entry.
+   */
+  heldLocally?: boolean;
+  /** Fair mode: the caller's `ReleaseWatch.waitId`, once it watches the key. */
+  waitId?: string;
 }
 
 export type AcquireResult =
@@ -90,6 +100,8 @@ export type AcquireResult =
       ttlMs: number;
       /** The owner holds the read side and asked for the write side: refused, never waited for. */
       upgrade?: true;
+      /** Fair mode: the key's latest fencing token when the attempt was refused (see `ReleaseWatch.forgetGrant`). */
+      lastToken?: number;
     };
 
 export type AcquireManyResult =
@@ -117,9 +129,21 @@ export interface ReleaseWatch {
   readonly ready: Promise<void>;
   /**
    * Sleeps until a release of the key wakes this waiter, `timeoutMs` passes, or `signal` aborts.
-   * A release that happened since the previous sleep wakes it at once.
+   * A release that happened since the previous sleep wakes it at once. `granted`: a fair release
+   * handed the lock to this waiter's owner (`grantedToken` is its fencing token); it holds the lock
+   * since a moment after the start of its latest attempt, with its handover lease.
    */
-  sleep(timeoutMs: number, signal?: AbortSignal): Promise<'released' | 'timeout' | 'aborted'>;
+  sleep(timeoutMs: number, signal?: AbortSignal): Promise<'released' | 'timeout' | 'aborted' | 'granted'>;
+  /** The fencing token of the grant that ended the latest sleep with `granted`. */
+  readonly grantedToken?: number;
+  /** Names this wait in fair-mode attempts, so a handover reaches this wait and no later one of the same owner. */
+  readonly waitId: string;
+  /**
+   * An attempt of this wait was refused when the key's latest fencing token was `lastToken`: a
+   * grant noticed with a token up to that one is void (had the lock been handed to this owner when
+   * the attempt ran, the attempt would have returned it). Without `lastToken`, any grant noticed.
+   */
+  forgetGrant(lastToken?: number): void;
   /** Stops watching. `passWake`: this waiter was woken but will not try again, so wake the next one. */
   close(passWake?: boolean): void;
 }

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { ReleaseWatch } from '../store/lock-store.js';
 
 /**
@@ -11,6 +12,9 @@ import type { ReleaseWatch } from '../store/lock-store.js';
  */
 export class ReleaseWaiters {
   private readonly queues = new Map<string, KeyQueue>();
+  /** Wait ids: unique to this process and this set, so a grant names one wait, never a later one of the same owner. */
+  private readonly idPrefix = randomBytes(6).toString('base64url');
+  private waitCount = 0;
 
   /** Joins the queue of `key` as `owner`. The caller must `close()` the returned watch. */
   join(key: string, owner: string, ready: Promise<void>, onLeave?: () => void): ReleaseWatch {
@@ -19,7 +23,7 @@ export class ReleaseWaiters {
       queue = { members: [], pendingWakes: 0 };
       this.queues.set(key, queue);
     }
-    const waiter = new Waiter(owner, queue, ready, () => {
+    const waiter = new Waiter(owner, `${this.idPrefix}.${++this.waitCount}`, queue, ready, () => {
       const q = queue!;
       const i = q.members.indexOf(waiter);
       if (i >= 0) q.members.splice(i, 1);
@@ -46,6 +50,20 @@ export class ReleaseWaiters {
     if (!waiter) return;
     if (waiter.asleep) waiter.wake();
     else waiter.pendingWake = true;
+  }
+
+  /**
+   * A fair release handed `key` to the wait `waitId` of `owner` (fencing token `token`): that
+   * waiter's sleep ends with `granted` (now, or at its next sleep). No such waiter here: the grant
+   * is another process's, its waiter already has it (the releaser's reply and the release message
+   * both report it), or it left (leaving the queue gives such a grant back).
+   */
+  grant(key: string, owner: string, waitId: string, token: number): void {
+    const waiter = this.queues.get(key)?.members.find((w) => w.waitId === waitId && w.owner === owner);
+    if (!waiter || waiter.grantedToken === token) return;
+    waiter.grantedToken = token;
+    if (waiter.asleep) waiter.wake('granted');
+    else waiter.pendingGrant = true;
   }
 
   /** A read-write lock changed so that several waiters may get in: wake every waiter of `key`. */
@@ -81,14 +99,20 @@ interface KeyQueue {
   pendingWakes: number;
 }
 
+type Wake = 'released' | 'timeout' | 'aborted' | 'granted';
+
 class Waiter implements ReleaseWatch {
-  private settle: ((how: 'released' | 'timeout' | 'aborted') => void) | undefined;
+  private settle: ((how: Wake) => void) | undefined;
   private closed = false;
   /** A wake addressed to this waiter arrived while it was not asleep. */
   pendingWake = false;
+  /** A grant to this waiter's owner arrived while it was not asleep. */
+  pendingGrant = false;
+  grantedToken: number | undefined;
 
   constructor(
     readonly owner: string,
+    readonly waitId: string,
     private readonly queue: KeyQueue,
     readonly ready: Promise<void>,
     private readonly leave: () => void,
@@ -99,12 +123,20 @@ class Waiter implements ReleaseWatch {
     return this.settle !== undefined;
   }
 
-  wake(): void {
-    this.settle?.('released');
+  forgetGrant(lastToken?: number): void {
+    if (lastToken === undefined || (this.grantedToken ?? 0) <= lastToken) this.pendingGrant = false;
   }
 
-  sleep(timeoutMs: number, signal?: AbortSignal): Promise<'released' | 'timeout' | 'aborted'> {
+  wake(how: 'released' | 'granted' = 'released'): void {
+    this.settle?.(how);
+  }
+
+  sleep(timeoutMs: number, signal?: AbortSignal): Promise<Wake> {
     if (signal?.aborted) return Promise.resolve('aborted');
+    if (this.pendingGrant) {
+      this.pendingGrant = false;
+      return Promise.resolve('granted');
+    }
     if (this.pendingWake) {
       this.pendingWake = false;
       return Promise.resolve('released');
@@ -116,7 +148,7 @@ class Waiter implements ReleaseWatch {
     return new Promise((resolve) => {
       const onAbort = () => finish('aborted');
       const timer = setTimeout(() => finish('timeout'), Math.max(0, Math.min(timeoutMs, 2_147_483_647)));
-      const finish = (how: 'released' | 'timeout' | 'aborted') => {
+      const finish = (how: Wake) => {
         if (this.settle !== finish) return;
         this.settle = undefined;
         clearTimeout(timer);

@@ -8,6 +8,21 @@ import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.j
 
 const QUEUE_TIMEOUT = 1_000;
 
+/** Resolves once `check` holds, checking every few ms (for Redis state that no event reports). */
+async function until(check: () => Promise<boolean>, what: string, ms = 10_000): Promise<void> {
+  const end = performance.now() + ms;
+  while (!(await check())) {
+    if (performance.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** How many scripts Redis has run since its statistics were last reset. */
+async function scriptCalls(raw: Redis): Promise<number> {
+  const stats = String(await raw.info('commandstats'));
+  return Number(/cmdstat_evalsha:calls=(\d+)/.exec(stats)?.[1] ?? 0) + Number(/cmdstat_eval:calls=(\d+)/.exec(stats)?.[1] ?? 0);
+}
+
 describe('fair mode', () => {
   let redis: RedisServer;
   let raw: Redis;
@@ -61,7 +76,7 @@ describe('fair mode', () => {
       const releasedAt = performance.now();
       await holder.release();
       const lock = await behind;
-      // The dead head keeps its place for at most the queue timeout, then the next waiter goes.
+      // The dead head is handed the lock for at most the queue timeout, then the next waiter goes.
       expect(performance.now() - releasedAt).toBeLessThan(QUEUE_TIMEOUT + 1_000);
       expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual([]);
       await lock.release();
@@ -89,6 +104,116 @@ describe('fair mode', () => {
     await holder.release();
   });
 
+  describe('handover inside the release', () => {
+    // A queue timeout of 20 s and a lease of 60 s: a waiter sleeps up to 10 s between attempts, so
+    // any Redis call it makes in these tests is one the handover caused, not its timer.
+    let patient: LockApp;
+    let other: LockApp;
+    beforeAll(async () => {
+      patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 20_000, leaseMs: 60_000 });
+      other = await startLockApp({ redis: redis.url, leaseMs: 60_000 });
+    });
+    afterAll(async () => {
+      await patient?.close();
+      await other?.close();
+    });
+
+    /** Starts a fair wait on `key` in `patient` and resolves once it sleeps with its wait registered. */
+    async function queuedWaiter(key: string) {
+      const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 60_000 });
+      const { owner } = await contended;
+      // The second attempt (after subscribing) registers the wait id; then the waiter sleeps.
+      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 'wait id registered');
+      return { waiting, owner };
+    }
+
+    it('gives the lock to the next waiter with no Redis call of its own (release in another process)', async () => {
+      const key = 'fair:handover';
+      const holder = await other.locks.acquire(key, { fair: true });
+      const { waiting, owner } = await queuedWaiter(key);
+      await raw.config('RESETSTAT');
+      await holder.release();
+      const lock = await waiting;
+      // One script ran: the holder's release. The waiter took the lock without asking.
+      expect(await scriptCalls(raw)).toBe(1);
+      expect(lock.holdCount).toBe(1);
+      expect(lock.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
+      expect(await raw.exists(`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`)).toBe(0);
+      // Held for the handover lease (the queue timeout) until the watchdog renews it to the lease.
+      expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(20_000);
+      await lock.release();
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
+
+    it('wakes a waiter of the releasing process from the release reply, without the message', async () => {
+      const key = 'fair:handover-local';
+      const holder = await patient.locks.acquire(key, { fair: true });
+      const { waiting } = await queuedWaiter(key);
+      // No subscriber: the release message cannot reach anyone.
+      expect(Number(await raw.call('CLIENT', 'KILL', 'TYPE', 'pubsub'))).toBe(1);
+      await raw.config('RESETSTAT');
+      await holder.release();
+      const lock = await waiting;
+      expect(await scriptCalls(raw)).toBe(1);
+      expect(lock.holdCount).toBe(1);
+      await lock.release();
+    });
+
+    it('lets a waiter that missed the message take the grant as its own on its next attempt, not as a re-entry', async () => {
+      const key = 'fair:handover-missed';
+      const holder = await other.locks.acquire(key, { fair: true });
+      const { waiting, owner } = await queuedWaiter(key);
+      expect(Number(await raw.call('CLIENT', 'KILL', 'TYPE', 'pubsub'))).toBe(1);
+      await raw.config('RESETSTAT');
+      await holder.release(); // handed over while the waiter's subscriber is reconnecting
+      const lock = await waiting; // its reconnect wakes it, and its attempt finds the grant
+      expect(await scriptCalls(raw)).toBe(2);
+      expect(lock.holdCount).toBe(1);
+      expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
+      expect(await raw.hexists(`lock:{${key}}`, ':handed')).toBe(0);
+      // The attempt reset the lease to the waiter's own.
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(20_000);
+      await lock.release();
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
+  });
+
+  it('never uses a handover that outlived its lease while the waiter was paused (SIGSTOP)', async () => {
+    const key = 'fair:stale-handover';
+    await raw.del('order');
+    const child = new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]);
+    try {
+      await child.next('ready');
+      const holder = await app.locks.acquire(key, { fair: true });
+      child.send({ type: 'wait', id: 1 });
+      await child.next('queued');
+      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, 'waiter-1')) ?? ''), 'wait id registered');
+      child.kill('SIGSTOP');
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
+      const second = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
+      await contended;
+      await holder.release();
+      // Handed to the paused waiter for the handover lease (the queue timeout, 1 s)...
+      expect(await raw.hget(`lock:{${key}}`, 'waiter-1')).toBe('1');
+      // ...after which it is free, and the next waiter takes it.
+      const lock = await second;
+      await raw.rpush('order', 'main');
+      child.kill('SIGCONT');
+      // The resumed waiter gets the old grant's message; it must queue again, not go in.
+      await until(async () => (await raw.lrange(`lock:{${key}}:queue`, 0, -1)).includes('waiter-1') || (await raw.llen('order')) > 1, 'the resumed waiter queued again or went in');
+      expect(await raw.lrange('order', 0, -1)).toEqual(['main']);
+      expect(await raw.hget(`lock:{${key}}`, lock.owner)).toBe('1');
+      await lock.release();
+      await child.next('granted', (m) => m.id === 1);
+      expect(await raw.lrange('order', 0, -1)).toEqual(['main', '1']);
+    } finally {
+      child.kill('SIGCONT');
+      await child.stop();
+    }
+  });
+
   it('wakes the next waiter when the head leaves the queue of a free lock', async () => {
     // A queue timeout of 20 s: the waiter below would otherwise sleep up to 10 s between attempts.
     const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 20_000 });
@@ -101,10 +226,12 @@ describe('fair mode', () => {
       // A waiter ahead of it that will never come back for the lock (a process about to give up).
       await raw.lpush(`lock:{${key}}:queue`, 'ghost');
       await raw.zadd(`lock:{${key}}:queue:timeouts`, Date.now() + 60_000, 'ghost');
-      await holder.release(); // announces 'ghost', which nobody answers
-      const store = (patient.locks as unknown as { store: { abandon(k: string, o: string, m: 'exclusive', fair: boolean): Promise<void> } }).store;
+      await holder.release(); // hands the lock to 'ghost', which nobody answers
+      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe('ghost');
+      const store = (patient.locks as unknown as { store: { abandon(k: string, o: string, m: 'exclusive', fair: boolean, heldLocally: boolean): Promise<void> } }).store;
       const leftAt = performance.now();
-      await store.abandon(key, 'ghost', 'exclusive', true);
+      // Leaving gives back what was handed to it after it gave up, and the next waiter gets it.
+      await store.abandon(key, 'ghost', 'exclusive', true, false);
       const lock = await second;
       expect(performance.now() - leftAt).toBeLessThan(1_000);
       await lock.release();

@@ -9,8 +9,9 @@
  * | `P{K}:fence`    | string  | the last fencing token issued for K             | PEXPIRE `FENCE_COUNTER_TTL_MS` after each grant |
  * | `P{K}:queue`    | list    | fair mode: owners waiting, first come first served | PEXPIRE 2 x the queue timeout, refreshed by every attempt |
  * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
+| `P{K}:queue:leases` | hash | fair mode: owner -> `<lease ms> <wait id>`: the lease to hand it the lock with, and which of its waits asked | as the queue |
  * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
- * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or the id of the fair queue's head | - |
+ * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
  * Every name of one lock starts with the same `{K}` hash tag, so on Redis Cluster they share a slot
  * (keys never contain braces; see `assertLockKey`). The channel name is passed to the scripts as an
@@ -19,8 +20,15 @@
  *
  * Fair mode: a waiter enters the queue on its first refused attempt and refreshes its place on every
  * attempt; a place not refreshed within the queue timeout (the waiter crashed or gave up silently)
- * is dropped by the next attempt of anyone. All deadlines are on Redis's clock (TIME). A release
- * announces the head of the queue, so only that waiter wakes.
+ * is dropped by the next script that looks at the queue. All deadlines are on Redis's clock (TIME).
+ * A release that frees the lock hands it over inside the same script: the first live waiter
+ * becomes the holder (hold count 1, a fresh fencing token, the lease it registered, at most its
+ * queue timeout), the hash field `:handed` names it, and `granted <token> <wait id> <owner>` is published (and
+ * returned to the releaser, which wakes the waiter itself when it is in the same process), so
+ * the waiter holds the lock without another round trip. A waiter that missed the message finds
+ * `:handed` naming it on its next attempt and takes the grant as its own (it does not re-enter);
+ * one that gave up meanwhile gives it back when it leaves the queue; one that crashed holds it
+ * until that short lease ends. `:handed` goes with the holder's last hold.
  *
  * Read-write mode: the same hash holds write holds in field `owner` (so a plain exclusive lock and a
  * write lock exclude each other), read holds in field `owner:read`, and `:mode` = `read` while
@@ -41,17 +49,20 @@
 /** How long a fencing counter outlives the last grant of its key. */
 export const FENCE_COUNTER_TTL_MS = 3_600_000;
 
+/** The lease a fair waiter that registered none (queued by an older version) is handed a lock with. */
+export const FALLBACK_HANDOVER_LEASE_MS = 5_000;
+
 /**
  * Lua fragment: the next fencing token of the counter `fence` into local `token`, the counter set
  * to it (lifetime ARGV[3]). `time` is a Redis TIME reply. One SET ... GET in the usual case (the
  * clock is ahead of the counter); a second SET only when the counter is ahead of the clock.
  */
-function nextToken(time: string): string {
+function nextToken(time: string, lifetime = 'ARGV[3]'): string {
   return `local token = tonumber(${time}[1]) * 1000000 + tonumber(${time}[2])
-  local last = tonumber(redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3], 'get') or '0')
+  local last = tonumber(redis.call('set', fence, string.format('%.0f', token), 'px', ${lifetime}, 'get') or '0')
   if last >= token then
     token = last + 1
-    redis.call('set', fence, string.format('%.0f', token), 'px', ARGV[3])
+    redis.call('set', fence, string.format('%.0f', token), 'px', ${lifetime})
   end`;
 }
 
@@ -76,13 +87,55 @@ const reenter = `if redis.call('hexists', lock, owner) == 1 then
   return {1, holds, tonumber(redis.call('get', fence) or '0')}
 end`;
 
-/**
- * Lua fragment: the lock just became free; announce it on ARGV[2] with ARGV[3] (publish or
- * spublish): the fair queue's head (KEYS[2]) if there is one, so only it wakes, else `released`.
- */
-const announce = `if redis.call('exists', lock) == 0 then
-  redis.call(ARGV[3], ARGV[2], redis.call('lindex', KEYS[2], 0) or 'released')
+
+/** Lua fragment: `nowMs` from the TIME reply `t`, and the fair queue's lapsed places dropped. Expects locals queue, timeouts, leases. */
+const pruneQueue = `local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
+  redis.call('lrem', queue, 0, gone)
+  redis.call('zrem', timeouts, gone)
+  redis.call('hdel', leases, gone)
 end`;
+
+/**
+ * Lua fragment: \`handOver(t, channel, publisher, lifetime, fallbackLease)\` gives a free lock to the
+ * first live waiter of the fair queue and announces it with \`granted <token> <wait id> <owner>\`;
+ * returns {token, wait id, owner}, or false when nobody waits. \`t\` is a TIME reply;
+ * \`fallbackLease\` is used for a waiter that registered none. Expects locals lock, fence, queue,
+ * timeouts, leases.
+ */
+const handOver = `local function handOver(t, channel, publisher, lifetime, fallbackLease)
+  ${pruneQueue}
+  local head = redis.call('lpop', queue)
+  if not head then return false end
+  redis.call('zrem', timeouts, head)
+  local handoverLease, waitId = fallbackLease, ''
+  local place = string.match(redis.call('hget', leases, head) or '', '^%d+ %S*$')
+  if place then handoverLease, waitId = string.match(place, '^(%d+) (%S*)$') end
+  redis.call('hdel', leases, head)
+  ${nextToken('t', 'lifetime')}
+  token = string.format('%.0f', token)
+  redis.call('hset', lock, head, 1, ':handed', head)
+  redis.call('pexpire', lock, handoverLease)
+  redis.call(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
+  return {token, waitId, head}
+end`;
+
+/**
+ * Lua fragment, for scripts whose KEYS are {lock, queue, timeouts, leases, fence} and ARGV
+ * {_, channel, publisher, counter lifetime, fallback handover lease}: if the lock is free now,
+ * hand it to the fair queue's first live waiter (local `handed` = what handOver returned), else
+ * announce `released` on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
+ * their own field (HDEL of both), so a free lock is a deleted hash.
+ */
+const freed = `local handed = false
+if redis.call('exists', lock) == 0 then
+  if redis.call('exists', queue) == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3], ARGV[4], ARGV[5]) end
+  if not handed then redis.call(ARGV[3], ARGV[2], 'released') end
+end`;
+
+/** Lua prologue of the scripts that use `freed`. */
+const freedKeys = `local lock, queue, timeouts, leases, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+${handOver}`;
 
 /**
  * Take the lock, or re-enter it.
@@ -103,82 +156,109 @@ return {0, redis.call('pttl', lock)}
 
 /**
  * Fair variant of ACQUIRE: first come, first served across processes.
- * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] queue timeouts.
- * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms, ARGV[4] queue timeout in ms.
- * Returns as ACQUIRE. When refused, the owner is in the queue (or its place refreshed) and the
- * second number is how long to sleep at most: the holder's remaining lease, or, when the lock is
- * free but an earlier waiter is due, the time until that waiter's place runs out.
+ * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] queue timeouts, KEYS[5] queue leases.
+ * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms, ARGV[4] queue timeout in ms,
+ * ARGV[5] the lease to be handed the lock with, ARGV[6] `1` when the caller's process holds this
+ * lock for the owner (else `0`), ARGV[7] release channel, ARGV[8] publish command, ARGV[9] the
+ * caller's wait id ('' before it watches the channel), echoed in the handover message.
+ * Returns as ACQUIRE. A lock handed to the owner while it waited (`:handed` = owner, and the caller
+ * does not hold it yet) is returned as a fresh grant with the handover's token and the lease reset
+ * to ARGV[2]. When refused, the owner is in the queue (or its place refreshed); the reply is {0,
+ * the holder's remaining lease, the latest fencing token of the key}: a handover message with a
+ * token up to that one was issued before this attempt, so it is void. A free lock whose queue has
+ * an earlier live waiter is handed to that waiter first.
  */
 export const ACQUIRE_FAIR = `
-local lock, fence, queue, timeouts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, timeouts, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local t = redis.call('time')
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
-  redis.call('lrem', queue, 0, gone)
-  redis.call('zrem', timeouts, gone)
+${handOver}
+if ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
+  redis.call('hdel', lock, ':handed')
+  redis.call('pexpire', lock, lease)
+  return {1, tonumber(redis.call('hget', lock, owner)), tonumber(redis.call('get', fence) or '0')}
 end
 ${reenter}
+local t = redis.call('time')
+${pruneQueue}
 local head = redis.call('lindex', queue, 0)
-if redis.call('exists', lock) == 0 and (not head or head == owner) then
-  if head then
-    redis.call('lpop', queue)
-    redis.call('zrem', timeouts, owner)
+if redis.call('exists', lock) == 0 then
+  if not head or head == owner then
+    if head then
+      redis.call('lpop', queue)
+      redis.call('zrem', timeouts, owner)
+      redis.call('hdel', leases, owner)
+    end
+    ${grantFresh('t')}
   end
-  ${grantFresh('t')}
+  handOver(t, ARGV[7], ARGV[8], ARGV[3], ARGV[5])
 end
 if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
+redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
 redis.call('pexpire', queue, 2 * queueTimeout)
 redis.call('pexpire', timeouts, 2 * queueTimeout)
-if redis.call('exists', lock) == 1 then return {0, redis.call('pttl', lock)} end
-return {0, math.max(0, tonumber(redis.call('zscore', timeouts, head)) - nowMs)}
+redis.call('pexpire', leases, 2 * queueTimeout)
+return {0, redis.call('pttl', lock), tonumber(redis.call('get', fence) or '0')}
 `;
 
 /**
- * Leave the fair queue (a waiter gave up or was aborted). If it was first in line for a free
- * lock, the next waiter is woken.
- * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts. ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command.
+ * Leave the fair queue (a waiter gave up or was aborted). A lock handed to the owner meanwhile
+ * (`:handed` = owner, and the caller's process does not hold it) is given back. A free lock goes to
+ * the next live waiter.
+ * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts, KEYS[4] queue leases, KEYS[5] fencing counter.
+ * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] counter lifetime in ms,
+ * ARGV[5] fallback handover lease in ms, ARGV[6] `1` when the caller's process holds this lock for the owner.
  * Returns 1 when the owner was queued, else 0.
  */
 export const LEAVE_QUEUE = `
-local lock, queue, timeouts, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
-local wasHead = redis.call('lindex', queue, 0) == owner
-if redis.call('zrem', timeouts, owner) == 0 then return 0 end
-redis.call('lrem', queue, 0, owner)
-if wasHead and redis.call('exists', lock) == 0 then
-  local head = redis.call('lindex', queue, 0)
-  if head then redis.call(ARGV[3], ARGV[2], head) end
+${freedKeys}
+local owner = ARGV[1]
+local queued = redis.call('zrem', timeouts, owner) == 1
+if queued then
+  redis.call('lrem', queue, 0, owner)
+  redis.call('hdel', leases, owner)
+elseif ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
+  redis.call('del', lock)
+else
+  return 0
 end
-return 1
+${freed}
+if queued then return 1 end
+return 0
 `;
 
 /**
  * Drop one hold.
- * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`).
+ * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts, KEYS[4] queue leases, KEYS[5] fencing counter.
+ * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`),
+ * ARGV[4] counter lifetime in ms, ARGV[5] fallback handover lease in ms.
  * Returns the owner's holds left: 0 means the lock was deleted and the release announced;
- * -1 means the owner held nothing, and nothing was changed.
+ * {0, token, wait id, owner} that it was handed to that fair waiter; -1 means the owner held
+ * nothing, and nothing was changed.
  */
 export const RELEASE = `
-local lock, owner = KEYS[1], ARGV[1]
+${freedKeys}
+local owner = ARGV[1]
 local holds = redis.call('hget', lock, owner)
 if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
-redis.call('hdel', lock, owner)
 -- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
-${announce}
+redis.call('hdel', lock, owner, ':handed')
+${freed}
+if handed then return {0, handed[1], handed[2], handed[3]} end
 return 0
 `;
 
 /**
  * Drop every hold of one holder field (after a loss, at shutdown).
- * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] hash field (owner, or owner:read), ARGV[2] release channel, ARGV[3] publish command.
+ * KEYS and ARGV as RELEASE, with ARGV[1] the hash field (owner, or owner:read).
  * Returns 1 when the field held the lock, else 0. A lock left with only its `:mode` is deleted.
  */
 export const RELEASE_ALL = `
-local lock, owner = KEYS[1], ARGV[1]
-if redis.call('hdel', lock, owner) == 0 then return 0 end
+${freedKeys}
+local owner = ARGV[1]
+if redis.call('hdel', lock, owner, ':handed') == 0 then return 0 end
 if redis.call('hlen', lock) == 1 and redis.call('hexists', lock, ':mode') == 1 then redis.call('del', lock) end
-${announce}
+${freed}
 return 1
 `;
 
@@ -214,14 +294,14 @@ return {1, holds, ttl}
 `;
 
 /**
- * Delete a lock whoever holds it, and announce the release.
- * KEYS[1] lock hash, KEYS[2] fair queue. ARGV[1] unused, ARGV[2] release channel, ARGV[3] publish command.
+ * Delete a lock whoever holds it, and announce the release (or hand it to the next fair waiter).
+ * KEYS and ARGV as RELEASE; ARGV[1] unused.
  * Returns 1 when a lock was deleted, else 0.
  */
 export const FORCE_UNLOCK = `
-local lock = KEYS[1]
+${freedKeys}
 if redis.call('del', lock) == 0 then return 0 end
-${announce}
+${freed}
 return 1
 `;
 

@@ -8,6 +8,7 @@ import {
   ACQUIRE_MANY,
   ACQUIRE_READ,
   ACQUIRE_WRITE,
+  FALLBACK_HANDOVER_LEASE_MS,
   FENCE_COUNTER_TTL_MS,
   FORCE_UNLOCK,
   INSPECT,
@@ -137,7 +138,17 @@ export class RedisLockStore implements LockStore {
     if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
   }
 
-  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs }: AcquireRequest): Promise<AcquireResult> {
+  /** The KEYS of the scripts that may free a lock and hand it to the next fair waiter (see lock.scripts.ts). */
+  private freeingKeys(name: string): string[] {
+    return [name, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`, `${name}:fence`];
+  }
+
+  /** Their ARGV after the first (owner / field): channel, publish command, counter lifetime, fallback handover lease. */
+  private freeingArgs(name: string): (string | number)[] {
+    return [name, this.publish, FENCE_COUNTER_TTL_MS, FALLBACK_HANDOVER_LEASE_MS];
+  }
+
+  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId }: AcquireRequest): Promise<AcquireResult> {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
     let r: number[];
@@ -146,12 +157,17 @@ export class RedisLockStore implements LockStore {
     } else if (mode === 'write') {
       r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? 5_000])) as number[];
     } else if (fair) {
-      r = (await scripts.acquireFair.run(this.client, [name, fence, `${name}:queue`, `${name}:queue:timeouts`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? 5_000])) as number[];
+      const queueTimeout = queueTimeoutMs ?? 5_000;
+      r = (await scripts.acquireFair.run(
+        this.client,
+        [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
+        [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
+      )) as number[];
     } else {
       r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
-    if (Number(r[0]) !== 1) return { granted: false, ttlMs: Number(r[1]) };
+    if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
     const holdCount = Number(r[1]);
     if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
@@ -216,17 +232,24 @@ export class RedisLockStore implements LockStore {
 
   async release(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<number> {
     const name = this.lockName(key);
-    const left =
-      mode === 'exclusive'
-        ? Number(await scripts.release.run(this.client, [name, `${name}:queue`], [owner, name, this.publish]))
-        : Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
+    let left: number;
+    if (mode === 'exclusive') {
+      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, ...this.freeingArgs(name)]);
+      if (Array.isArray(reply)) {
+        // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
+        this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
+        left = 0;
+      } else left = Number(reply);
+    } else {
+      left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
+    }
     if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
     return left;
   }
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    const dropped = Number(await scripts.releaseAll.run(this.client, [name, `${name}:queue`], [holderField(owner, mode), name, this.publish])) === 1;
+    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), ...this.freeingArgs(name)])) === 1;
     if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
     return dropped;
   }
@@ -266,12 +289,12 @@ export class RedisLockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.forceUnlock.run(this.client, [name, `${name}:queue`], ['', name, this.publish])) === 1;
+    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', ...this.freeingArgs(name)])) === 1;
   }
 
-  async abandon(key: string, owner: string, mode: LockMode, fair: boolean): Promise<void> {
+  async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, [name, `${name}:queue`, `${name}:queue:timeouts`], [owner, name, this.publish]);
+    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, ...this.freeingArgs(name), heldLocally ? 1 : 0]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`], [owner]);
   }
 
@@ -297,6 +320,15 @@ export class RedisLockStore implements LockStore {
       if (this.client.status !== 'ready') this.client.disconnect();
       else await withTimeout(this.client.quit(), 1_000, () => new Error('quit timed out')).catch(() => this.client.disconnect());
     }
+  }
+
+  /**
+   * A fair release handed `key` to `owner`'s wait `waitId`. With replica confirmation that waiter
+   * is only woken: its next attempt takes the grant over and waits for the replicas like any grant.
+   */
+  private granted(key: string, owner: string, waitId: string, token: number): void {
+    if (this.replication) this.waiters.notifyOwner(key, owner);
+    else this.waiters.grant(key, owner, waitId, token);
   }
 
   /** Active subscriptions and local waiters, for tests and health checks. */
@@ -342,10 +374,14 @@ export class RedisLockStore implements LockStore {
     const onMessage = (channel: string, payload: string) => {
       const entry = this.channels.get(channel);
       if (!entry) return;
-      // 'released' wakes one local waiter; an owner id (fair queue head) wakes that waiter only.
+      // 'released' wakes one local waiter, 'all' every one; 'granted <token> <wait id> <owner>'
+      // hands a fair lock to that wait.
       if (payload === 'released') this.waiters.notify(entry.key);
       else if (payload === 'all') this.waiters.notifyEveryone(entry.key);
-      else this.waiters.notifyOwner(entry.key, payload);
+      else if (payload.startsWith('granted ')) {
+        const [, token, waitId] = payload.split(' ', 3) as [string, string, string];
+        this.granted(entry.key, payload.slice(9 + token.length + waitId.length + 1), waitId, Number(token));
+      }
     };
     sub.on('message', onMessage);
     sub.on('smessage', onMessage);
