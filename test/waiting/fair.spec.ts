@@ -118,10 +118,10 @@ describe('fair mode', () => {
       await other?.close();
     });
 
-    /** Starts a fair wait on `key` in `patient` and resolves once it sleeps with its wait registered. */
-    async function queuedWaiter(key: string) {
-      const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 60_000 });
+    /** Starts a fair wait on `key` in `waiterApp` and resolves once it sleeps with its wait registered. */
+    async function queuedWaiter(key: string, options: { watchdog?: boolean } = {}, waiterApp = patient) {
+      const contended = nextEvent(waiterApp.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = waiterApp.locks.acquire(key, { fair: true, waitMs: 60_000, ...options });
       const { owner } = await contended;
       // The second attempt (after subscribing) registers the wait id; then the waiter sleeps.
       await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 'wait id registered');
@@ -159,6 +159,37 @@ describe('fair mode', () => {
       expect(await scriptCalls(raw)).toBe(1);
       expect(lock.holdCount).toBe(1);
       await lock.release();
+    });
+
+    it('sets the full fixed lease (no watchdog) of a handed-over lock before the acquisition returns', async () => {
+      const key = 'fair:handover-fixed';
+      const holder = await other.locks.acquire(key, { fair: true });
+      const { waiting } = await queuedWaiter(key, { watchdog: false });
+      await holder.release();
+      const lock = await waiting;
+      // Handed over for the queue timeout (20 s); the waiter's own lease is 60 s.
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(20_000);
+      await lock.release();
+    });
+
+    it('renews a handed-over lock from its short handover lease to the full lease (watchdog)', async () => {
+      // Handover lease = queue timeout = 300 ms, lease 60 s: unless the watchdog knows the lock
+      // was handed over for 300 ms only, it renews at 20 s, long after Redis dropped it.
+      const quick = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 300, leaseMs: 60_000 });
+      try {
+        const key = 'fair:handover-renewed';
+        const holder = await other.locks.acquire(key, { fair: true });
+        const { waiting } = await queuedWaiter(key, {}, quick);
+        const renewed = nextEvent(quick.locks.events$, 'renewed', (e) => e.key === key, 5_000);
+        await holder.release();
+        const lock = await waiting;
+        await renewed;
+        expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(30_000);
+        expect(lock.isHeld).toBe(true);
+        await lock.release();
+      } finally {
+        await quick.close();
+      }
     });
 
     it('lets a waiter that missed the message take the grant as its own on its next attempt, not as a re-entry', async () => {
