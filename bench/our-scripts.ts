@@ -1,7 +1,7 @@
 // nestjs-locked's acquire and release scripts sent from a bare ioredis client, with the keys and
 // arguments RedisLockStore gives them (default prefix, no fair queue), for the profiling tools.
 import type { Redis } from 'ioredis';
-import { FALLBACK_HANDOVER_LEASE_MS, FENCE_COUNTER_TTL_MS } from '../lib/store/redis/lock.scripts.js';
+import { FENCE_COUNTER_TTL_MS } from '../lib/store/redis/lock.scripts.js';
 
 /** Loads an acquire and a release script; resolves to one acquire + release pair of `key` for `owner`. */
 export async function scriptsPair(client: Redis, acquire: string, release: string): Promise<(key: string, owner: string) => Promise<void>> {
@@ -9,6 +9,6 @@ export async function scriptsPair(client: Redis, acquire: string, release: strin
   return async (key, owner) => {
     const name = `lock:{${key}}`;
     await client.evalsha(a!, 2, name, `${name}:fence`, owner, 30_000, FENCE_COUNTER_TTL_MS);
-    await client.evalsha(r!, 5, name, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`, `${name}:fence`, owner, name, 'publish', FENCE_COUNTER_TTL_MS, FALLBACK_HANDOVER_LEASE_MS);
+    await client.evalsha(r!, 2, name, `${name}:queue`, owner, name, 'publish');
   };
 }

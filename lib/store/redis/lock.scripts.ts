@@ -50,7 +50,7 @@
 export const FENCE_COUNTER_TTL_MS = 3_600_000;
 
 /** The lease a fair waiter that registered none (queued by an older version) is handed a lock with. */
-export const FALLBACK_HANDOVER_LEASE_MS = 5_000;
+const FALLBACK_HANDOVER_LEASE_MS = 5_000;
 
 /**
  * Lua fragment: the next fencing token of the counter `fence` into local `token`, the counter set
@@ -97,22 +97,23 @@ for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
 end`;
 
 /**
- * Lua fragment: \`handOver(t, channel, publisher, lifetime, fallbackLease)\` gives a free lock to the
- * first live waiter of the fair queue and announces it with \`granted <token> <wait id> <owner>\`;
- * returns {token, wait id, owner}, or false when nobody waits. \`t\` is a TIME reply;
- * \`fallbackLease\` is used for a waiter that registered none. Expects locals lock, fence, queue,
- * timeouts, leases.
+ * Lua fragment: \`handOver(t, channel, publisher)\` gives a free lock to the first live waiter of the
+ * fair queue and announces it with \`granted <token> <wait id> <owner>\`; returns {token, wait id,
+ * owner}, or false when nobody waits. \`t\` is a TIME reply. Expects locals lock and queue; the
+ * queue's timeouts and leases and the fencing counter are named from them (same hash tag, so the
+ * same Cluster slot): a release, which hands over rarely, sends two keys instead of five.
  */
-const handOver = `local function handOver(t, channel, publisher, lifetime, fallbackLease)
+const handOver = `local function handOver(t, channel, publisher)
+  local timeouts, leases, fence = queue .. ':timeouts', queue .. ':leases', lock .. ':fence'
   ${pruneQueue}
   local head = redis.call('lpop', queue)
   if not head then return false end
   redis.call('zrem', timeouts, head)
-  local handoverLease, waitId = fallbackLease, ''
+  local handoverLease, waitId = ${FALLBACK_HANDOVER_LEASE_MS}, ''
   local place = string.match(redis.call('hget', leases, head) or '', '^%d+ %S*$')
   if place then handoverLease, waitId = string.match(place, '^(%d+) (%S*)$') end
   redis.call('hdel', leases, head)
-  ${nextToken('t', 'lifetime')}
+  ${nextToken('t', String(FENCE_COUNTER_TTL_MS))}
   token = string.format('%.0f', token)
   redis.call('hset', lock, head, 1, ':handed', head)
   redis.call('pexpire', lock, handoverLease)
@@ -121,20 +122,19 @@ const handOver = `local function handOver(t, channel, publisher, lifetime, fallb
 end`;
 
 /**
- * Lua fragment, for scripts whose KEYS are {lock, queue, timeouts, leases, fence} and ARGV
- * {_, channel, publisher, counter lifetime, fallback handover lease}: if the lock is free now,
+ * Lua fragment, for scripts whose KEYS are {lock, queue} and ARGV {_, channel, publisher}: if the lock is free now,
  * hand it to the fair queue's first live waiter (local `handed` = what handOver returned), else
  * announce `released` on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
  * their own field (HDEL of both), so a free lock is a deleted hash.
  */
 const freed = `local handed = false
 if redis.call('exists', lock) == 0 then
-  if redis.call('exists', queue) == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3], ARGV[4], ARGV[5]) end
+  if redis.call('exists', queue) == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3]) end
   if not handed then redis.call(ARGV[3], ARGV[2], 'released') end
 end`;
 
 /** Lua prologue of the scripts that use `freed`. */
-const freedKeys = `local lock, queue, timeouts, leases, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+const freedKeys = `local lock, queue = KEYS[1], KEYS[2]
 ${handOver}`;
 
 /**
@@ -190,7 +190,7 @@ if redis.call('exists', lock) == 0 then
     end
     ${grantFresh('t')}
   end
-  handOver(t, ARGV[7], ARGV[8], ARGV[3], ARGV[5])
+  handOver(t, ARGV[7], ARGV[8])
 end
 if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
 redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
@@ -204,19 +204,19 @@ return {0, redis.call('pttl', lock), tonumber(redis.call('get', fence) or '0')}
  * Leave the fair queue (a waiter gave up or was aborted). A lock handed to the owner meanwhile
  * (`:handed` = owner, and the caller's process does not hold it) is given back. A free lock goes to
  * the next live waiter.
- * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts, KEYS[4] queue leases, KEYS[5] fencing counter.
- * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] counter lifetime in ms,
- * ARGV[5] fallback handover lease in ms, ARGV[6] `1` when the caller's process holds this lock for the owner.
+ * KEYS[1] lock hash, KEYS[2] queue (its timeouts and leases are named from it).
+ * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] `1` when the caller's process
+ * holds this lock for the owner.
  * Returns 1 when the owner was queued, else 0.
  */
 export const LEAVE_QUEUE = `
 ${freedKeys}
-local owner = ARGV[1]
+local timeouts, leases, owner = queue .. ':timeouts', queue .. ':leases', ARGV[1]
 local queued = redis.call('zrem', timeouts, owner) == 1
 if queued then
   redis.call('lrem', queue, 0, owner)
   redis.call('hdel', leases, owner)
-elseif ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
+elseif ARGV[4] == '0' and redis.call('hget', lock, ':handed') == owner then
   redis.call('del', lock)
 else
   return 0
@@ -228,9 +228,8 @@ return 0
 
 /**
  * Drop one hold.
- * KEYS[1] lock hash, KEYS[2] queue, KEYS[3] queue timeouts, KEYS[4] queue leases, KEYS[5] fencing counter.
- * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`),
- * ARGV[4] counter lifetime in ms, ARGV[5] fallback handover lease in ms.
+ * KEYS[1] lock hash, KEYS[2] fair queue.
+ * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`).
  * Returns the owner's holds left: 0 means the lock was deleted and the release announced;
  * {0, token, wait id, owner} that it was handed to that fair waiter; -1 means the owner held
  * nothing, and nothing was changed.

@@ -8,7 +8,6 @@ import {
   ACQUIRE_MANY,
   ACQUIRE_READ,
   ACQUIRE_WRITE,
-  FALLBACK_HANDOVER_LEASE_MS,
   FENCE_COUNTER_TTL_MS,
   FORCE_UNLOCK,
   INSPECT,
@@ -140,12 +139,7 @@ export class RedisLockStore implements LockStore {
 
   /** The KEYS of the scripts that may free a lock and hand it to the next fair waiter (see lock.scripts.ts). */
   private freeingKeys(name: string): string[] {
-    return [name, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`, `${name}:fence`];
-  }
-
-  /** Their ARGV after the first (owner / field): channel, publish command, counter lifetime, fallback handover lease. */
-  private freeingArgs(name: string): (string | number)[] {
-    return [name, this.publish, FENCE_COUNTER_TTL_MS, FALLBACK_HANDOVER_LEASE_MS];
+    return [name, `${name}:queue`];
   }
 
   async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId }: AcquireRequest): Promise<AcquireResult> {
@@ -234,7 +228,7 @@ export class RedisLockStore implements LockStore {
     const name = this.lockName(key);
     let left: number;
     if (mode === 'exclusive') {
-      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, ...this.freeingArgs(name)]);
+      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish]);
       if (Array.isArray(reply)) {
         // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
         this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
@@ -249,7 +243,7 @@ export class RedisLockStore implements LockStore {
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), ...this.freeingArgs(name)])) === 1;
+    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish])) === 1;
     if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
     return dropped;
   }
@@ -289,12 +283,12 @@ export class RedisLockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', ...this.freeingArgs(name)])) === 1;
+    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish])) === 1;
   }
 
   async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, ...this.freeingArgs(name), heldLocally ? 1 : 0]);
+    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`], [owner]);
   }
 
