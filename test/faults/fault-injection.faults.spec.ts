@@ -11,6 +11,8 @@ import { RedisServer } from '../support/redis-server.js';
  * by a fenced compare-and-set, so the checks below judge the lock and nothing else.
  */
 const LEASE = 1_000;
+/** Fair places (key k0) lapse after this long without an attempt; a handover lasts at most this long. */
+const FAIR_QUEUE_TIMEOUT_MS = 500;
 const KEYS = 3;
 /** CLOCK_MONOTONIC in ms: the same clock in every process on this machine (the workers use it too). */
 const clock = () => Number(process.hrtime.bigint()) / 1e6;
@@ -29,7 +31,7 @@ describe('fault injection', () => {
 
   const spawn = async () => {
     const name = `p${++spawned}`;
-    const child = new Fixture('fault-worker', [lockRedis.url, resourceRedis.url, String(KEYS), String(LEASE), name]);
+    const child = new Fixture('fault-worker', [lockRedis.url, resourceRedis.url, String(KEYS), String(LEASE), name, String(FAIR_QUEUE_TIMEOUT_MS)]);
     children.set(name, child);
     const ready = await child.next('ready');
     pids.push(Number(ready.pid));
@@ -69,7 +71,9 @@ describe('fault injection', () => {
     killed.set(name, killedAt);
     await victim.exited;
     const taken = await nextFromAny('enter', (m) => m.key === holding.key && Number(m.at) > killedAt, name);
-    expect(Number(taken.at) - killedAt).toBeLessThan(LEASE + 500);
+    // k0 is fair: the killed process's other worker may be queued there too, and be handed the lock
+    // once before its place lapses, which stalls the line for at most twice the queue timeout.
+    expect(Number(taken.at) - killedAt).toBeLessThan(LEASE + 500 + (holding.key === 'k0' ? 2 * FAIR_QUEUE_TIMEOUT_MS : 0));
     await spawn();
   });
 
