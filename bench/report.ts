@@ -171,7 +171,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     const seq = p?.['1 sequential'];
     const par = p?.['2 64 workers'];
     let text =
-      `- **${missed1 && missed2 ? 'Scenarios 1 and 2' : missed1 ? 'Scenario 1' : 'Scenario 2'}, pairs/s against raw SET NX.** Our two scripts do more than SET NX and a compare-and-delete: a hash with a hold count (reentrancy), a fencing token (Redis TIME and a SET ... GET on a counter key) on every fresh grant, and a release announcement for waiters (EXISTS, LINDEX, PUBLISH).`;
+      `- **${missed1 && missed2 ? 'Scenarios 1 and 2' : missed1 ? 'Scenario 1' : 'Scenario 2'}, pairs/s against raw SET NX.** Our two scripts do more than SET NX and a compare-and-delete: a hash with a hold count (reentrancy), a fencing token (Redis TIME and a SET ... GET on a counter key) on every fresh grant, and a release announcement for waiters (EXISTS on the lock and on the fair queue, PUBLISH).`;
     if (i) {
       const ours = i['nestjs-locked scripts']!;
       const empty = i['breakdown: empty scripts'];
