@@ -101,6 +101,8 @@ describe('fair mode', () => {
     expect(await raw.exists(`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`)).toBe(0);
     const store = (app.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store;
     expect(store.waitState).toEqual({ channels: 0, waiters: 0 });
+    // The subscription itself is dropped on the next turn of the waiter's event loop.
+    await until(async () => ((await raw.call('PUBSUB', 'CHANNELS', `lock:{${key}}`)) as string[]).length === 0, 'release channel unsubscribed');
     await holder.release();
   });
 
