@@ -529,7 +529,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const handoverMs = this.handoverLeaseMs(o);
     const result = { granted: true as const, holdCount: 1, fencingToken };
     if (now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
-      await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      // Never touch a hold this process has for the owner (another task of the same context).
+      if (!this.held.has(heldLockId(context.owner, key, o.mode))) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);

@@ -42,8 +42,8 @@
  * lagged on a promoted replica, as long as Redis's clock does not step back by more than the
  * counter's idle lifetime. Tokens stay below 2^53 (exact in JavaScript) until the year 2255.
  *
- * Scripts return integers or arrays of integers only (never Lua booleans), so replies read the same
- * over RESP2 (ioredis 5) and RESP3 (ioredis 6).
+ * Scripts return integers, strings, or arrays of them (never Lua booleans), so replies read the
+ * same over RESP2 (ioredis 5) and RESP3 (ioredis 6).
  */
 
 /** How long a fencing counter outlives the last grant of its key. */
