@@ -32,6 +32,7 @@ describe('Redis Cluster', () => {
       expect(keySlot(key)).toBe(slot);
       expect(Number(await probe.cluster('KEYSLOT', `lock:{${key}}:fence`))).toBe(slot);
       expect(Number(await probe.cluster('KEYSLOT', `lock:{${key}}:queue:timeouts`))).toBe(slot);
+      expect(Number(await probe.cluster('KEYSLOT', `lock:{${key}}:queue:leases`))).toBe(slot);
     }
   });
 
@@ -73,6 +74,33 @@ describe('Redis Cluster', () => {
     }
     await holder.release();
     await (await waiting).release();
+  });
+
+  it('hands a fair lock to a waiter of another service over sharded pub/sub, with no Redis call of the waiter', async () => {
+    const key = 'fair-handover';
+    const other = await startLockApp({ redis: { cluster: cluster.nodes }, leaseMs: 60_000 });
+    try {
+      const holder = await other.locks.acquire(key, { fair: true });
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = elsewhere(() => app.locks.acquire(key, { fair: true, leaseMs: 60_000, watchdog: true, waitMs: 30_000 }));
+      const { owner } = await contended;
+      const node = cluster.node(await cluster.ownerOf(keySlot(key)));
+      // Once its wait id is registered (its second attempt, after subscribing), the waiter sleeps up to 2.5 s.
+      for (let i = 0; !/^\d+ \S+$/.test((await node.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''); i++) {
+        if (i > 100) throw new Error('the waiter never registered its wait');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await node.config('RESETSTAT');
+      await holder.release();
+      const lock = await waiting;
+      const stats = String(await node.info('commandstats'));
+      expect(Number(/cmdstat_evalsha:calls=(\d+)/.exec(stats)?.[1])).toBe(1);
+      expect(lock.fencingToken).toBeGreaterThan(holder.fencingToken);
+      await lock.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await other.close();
+    }
   });
 
   it('keeps a held lock through a migration of its slot, and its waiter still gets it', async () => {
