@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import {
   LockBackendError,
@@ -12,7 +13,7 @@ import {
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { CapturingLogger } from '../support/lock-testing.js';
-import { freePort, RedisServer } from '../support/redis-server.js';
+import { freePort, RedisServer, until } from '../support/redis-server.js';
 
 describe('LockModule', () => {
   let redis: RedisServer;
@@ -65,18 +66,34 @@ describe('LockModule', () => {
   });
 
   it('fails bootstrap with LockBackendError when Redis does not answer, and leaves nothing running', async () => {
-    const port = await freePort();
-    const moduleRef = await Test.createTestingModule({
-      imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300 })],
-    })
-      .setLogger(new CapturingLogger())
-      .compile();
-    const failure = await moduleRef.init().then(
-      () => new Error('init succeeded'),
-      (e: unknown) => e,
-    );
-    expect(failure).toBeInstanceOf(LockBackendError);
-    expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
+    // A listener that accepts and never answers, held for the whole test: a port that was merely
+    // free could be taken by another test's redis-server meanwhile (which once made init succeed).
+    const sockets = new Set<Socket>();
+    const silent = createServer((socket) => {
+      sockets.add(socket);
+      socket.on('close', () => sockets.delete(socket));
+      socket.resume(); // reads (and ignores) what the client sends, so its close is seen
+    });
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    try {
+      const { port } = silent.address() as AddressInfo;
+      const moduleRef = await Test.createTestingModule({
+        imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300 })],
+      })
+        .setLogger(new CapturingLogger())
+        .compile();
+      const failure = await moduleRef.init().then(
+        () => new Error('init succeeded'),
+        (e: unknown) => e,
+      );
+      expect(failure).toBeInstanceOf(LockBackendError);
+      expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
+      // Nothing left running: the service dropped its connection.
+      await until(async () => sockets.size === 0, 5_000, 'the failed service kept its connection open');
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((resolve) => silent.close(resolve));
+    }
   });
 
   it('starts without checking Redis when connectTimeoutMs is 0', async () => {
