@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { startLockApp } from '../support/lock-testing.js';
+import { nextEvent, startLockApp } from '../support/lock-testing.js';
 
 /**
  * Replica confirmation (`replication`: Redis WAIT after acquire, renew and release) on real servers:
@@ -33,6 +33,27 @@ describe('replica confirmation (WAIT)', () => {
       expect(await replica.client().hget('lock:{r:confirmed}', lock.owner)).toBe('1');
       await lock.release();
       expect(await replica.client().exists('lock:{r:confirmed}')).toBe(0);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('confirms a fair handover like any grant: the waiter takes it over with its own attempt and waits for the replica', async () => {
+    const app = await startLockApp({ redis: master.url, replication: { replicas: 1, timeoutMs: 2_000 } });
+    try {
+      const holder = await app.locks.acquire('r:fair', { fair: true });
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'r:fair');
+      const waiting = app.locks.acquire('r:fair', { fair: true });
+      const { owner } = await contended;
+      // Release once the waiter sleeps with its wait registered, so a handover message could reach it.
+      const probe = master.client();
+      await until(async () => /^\d+ \S+$/.test((await probe.hget('lock:{r:fair}:queue:leases', owner)) ?? ''), 10_000, 'the waiter never registered its wait');
+      await holder.release();
+      const lock = await waiting;
+      // Its own attempt took the handover over (that clears the `:handed` mark), then WAIT.
+      expect(await master.client().hexists('lock:{r:fair}', ':handed')).toBe(0);
+      expect(await replica.client().hget('lock:{r:fair}', lock.owner)).toBe('1');
+      await lock.release();
     } finally {
       await app.close();
     }

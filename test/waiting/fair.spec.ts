@@ -3,19 +3,11 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
-/** Resolves once `check` holds, checking every few ms (for Redis state that no event reports). */
-async function until(check: () => Promise<boolean>, what: string, ms = 10_000): Promise<void> {
-  const end = performance.now() + ms;
-  while (!(await check())) {
-    if (performance.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 /** How many scripts Redis has run since its statistics were last reset. */
 async function scriptCalls(raw: Redis): Promise<number> {
@@ -102,7 +94,7 @@ describe('fair mode', () => {
     const store = (app.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store;
     expect(store.waitState).toEqual({ channels: 0, waiters: 0 });
     // The subscription itself is dropped on the next turn of the waiter's event loop.
-    await until(async () => ((await raw.call('PUBSUB', 'CHANNELS', `lock:{${key}}`)) as string[]).length === 0, 'release channel unsubscribed');
+    await until(async () => ((await raw.call('PUBSUB', 'CHANNELS', `lock:{${key}}`)) as string[]).length === 0, 10_000, 'the release channel was never unsubscribed');
     await holder.release();
   });
 
@@ -126,7 +118,7 @@ describe('fair mode', () => {
       const waiting = waiterApp.locks.acquire(key, { fair: true, waitMs: 60_000, ...options });
       const { owner } = await contended;
       // The second attempt (after subscribing) registers the wait id; then the waiter sleeps.
-      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 'wait id registered');
+      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, 'the waiter never registered its wait id');
       return { waiting, owner };
     }
 
@@ -222,7 +214,7 @@ describe('fair mode', () => {
       const holder = await app.locks.acquire(key, { fair: true });
       child.send({ type: 'wait', id: 1 });
       await child.next('queued');
-      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, 'waiter-1')) ?? ''), 'wait id registered');
+      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, 'waiter-1')) ?? ''), 10_000, 'the waiter never registered its wait id');
       child.kill('SIGSTOP');
       const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
       const second = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
@@ -235,7 +227,7 @@ describe('fair mode', () => {
       await raw.rpush('order', 'main');
       child.kill('SIGCONT');
       // The resumed waiter gets the old grant's message; it must queue again, not go in.
-      await until(async () => (await raw.lrange(`lock:{${key}}:queue`, 0, -1)).includes('waiter-1') || (await raw.llen('order')) > 1, 'the resumed waiter queued again or went in');
+      await until(async () => (await raw.lrange(`lock:{${key}}:queue`, 0, -1)).includes('waiter-1') || (await raw.llen('order')) > 1, 10_000, 'the resumed waiter neither queued again nor went in');
       expect(await raw.lrange('order', 0, -1)).toEqual(['main']);
       expect(await raw.hget(`lock:{${key}}`, lock.owner)).toBe('1');
       await lock.release();
