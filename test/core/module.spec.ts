@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import {
   LockBackendError,
@@ -13,7 +12,7 @@ import {
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { CapturingLogger } from '../support/lock-testing.js';
-import { freePort, RedisServer, until } from '../support/redis-server.js';
+import { freePort, RedisServer, silentPort, until } from '../support/redis-server.js';
 
 describe('LockModule', () => {
   let redis: RedisServer;
@@ -66,19 +65,12 @@ describe('LockModule', () => {
   });
 
   it('fails bootstrap with LockBackendError when Redis does not answer, and leaves nothing running', async () => {
-    // A listener that accepts and never answers, held for the whole test: a port that was merely
-    // free could be taken by another test's redis-server meanwhile (which once made init succeed).
-    const sockets = new Set<Socket>();
-    const silent = createServer((socket) => {
-      sockets.add(socket);
-      socket.on('close', () => sockets.delete(socket));
-      socket.resume(); // reads (and ignores) what the client sends, so its close is seen
-    });
-    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    // Held for the whole test: a port that was merely free could be taken by another test's
+    // redis-server meanwhile (which once made init succeed).
+    const silent = await silentPort();
     try {
-      const { port } = silent.address() as AddressInfo;
       const moduleRef = await Test.createTestingModule({
-        imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300 })],
+        imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${silent.port}`, connectTimeoutMs: 300 })],
       })
         .setLogger(new CapturingLogger())
         .compile();
@@ -89,10 +81,9 @@ describe('LockModule', () => {
       expect(failure).toBeInstanceOf(LockBackendError);
       expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
       // Nothing left running: the service dropped its connection.
-      await until(async () => sockets.size === 0, 5_000, 'the failed service kept its connection open');
+      await until(async () => silent.connections === 0, 5_000, 'the failed service kept its connection open');
     } finally {
-      for (const socket of sockets) socket.destroy();
-      await new Promise((resolve) => silent.close(resolve));
+      await silent.close();
     }
   });
 

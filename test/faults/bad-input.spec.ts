@@ -18,7 +18,7 @@ import {
   type LockModuleOptions,
 } from '../../lib/index.js';
 import { CapturingLogger, startLockApp, type LockApp } from '../support/lock-testing.js';
-import { freePort, RedisServer } from '../support/redis-server.js';
+import { RedisServer, silentPort } from '../support/redis-server.js';
 
 /**
  * Every public entry point fed bad input. Each case must end in a typed error with a message that
@@ -49,6 +49,15 @@ const boot = async (options: unknown) => {
     await moduleRef.init();
   } finally {
     await moduleRef.close();
+  }
+};
+/** Runs `fn` with `n` Redis ports that never answer (held until it settles; see silentPort). */
+const silently = async <T>(n: number, fn: (ports: number[]) => Promise<T>): Promise<T> => {
+  const ports = await Promise.all(Array.from({ length: n }, () => silentPort()));
+  try {
+    return await fn(ports.map((p) => p.port));
+  } finally {
+    await Promise.all(ports.map((p) => p.close()));
   }
 };
 const released = async (locks: LockService, key: string): Promise<LockHandle> => {
@@ -94,7 +103,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redis: not a client (a Map)', outcome: LockConfigurationError, says: /not an ioredis client/, run: () => boot({ redis: new Map() }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster: [] }', outcome: LockConfigurationError, says: /redis.cluster must be a non-empty array of startup nodes/, run: () => boot({ redis: { cluster: [] } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, host } (a stray field)', outcome: LockConfigurationError, says: /move host into options/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }], host: 'x' } as never }) },
-  { entry: 'LockModule.forRoot', input: 'Redis Cluster unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis cluster .* connectTimeoutMs: 0/, run: async () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: await freePort() }] }, connectTimeoutMs: 300 }) },
+  { entry: 'LockModule.forRoot', input: 'Redis Cluster unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis cluster .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: { cluster: [{ host: '127.0.0.1', port }] }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 0 }', outcome: LockConfigurationError, says: /replication.replicas must be a whole number of replicas from 1/, run: () => boot({ replication: { replicas: 0 } }) },
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 1, timeoutMs: -1 }', outcome: LockConfigurationError, says: /replication.timeoutMs must be a whole number of milliseconds/, run: () => boot({ replication: { replicas: 1, timeoutMs: -1 } }) },
   { entry: 'LockModule.forRoot', input: 'replication with a Redis Cluster', outcome: LockConfigurationError, says: /on Redis Cluster WAIT cannot follow a lock/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }] }, replication: { replicas: 1 } }) },
@@ -102,8 +111,8 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: 2 clients', outcome: LockConfigurationError, says: /odd number of at least 3 independent Redis masters .*; got 2/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2'] } }) },
   { entry: 'LockModule.forRoot', input: 'redlock and redis together', outcome: LockConfigurationError, says: /either redis .* or redlock/, run: () => boot({ redis: 'redis://127.0.0.1:1', redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.6', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.6 } }) },
-  { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: async () => boot({ redlock: { clients: await Promise.all([0, 1, 2].map(async () => `redis://127.0.0.1:${await freePort()}`)) }, connectTimeoutMs: 300 }) },
-  { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: async () => boot({ redis: `redis://127.0.0.1:${await freePort()}`, connectTimeoutMs: 200 }) },
+  { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
+  { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
   // Redis errors
   { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },
   // handles

@@ -165,6 +165,37 @@ export function freePort(): Promise<number> {
   });
 }
 
+/**
+ * A loopback port that accepts connections and never answers, held until `close()`: a Redis that
+ * does not answer. Unlike a merely free port, no other test's redis-server can take it meanwhile.
+ * `connections` counts the clients still connected.
+ */
+export async function silentPort(): Promise<{ port: number; readonly connections: number; close(): Promise<void> }> {
+  const sockets = new Set<import('node:net').Socket>();
+  const server = createServer((socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    socket.on('error', () => undefined);
+    socket.resume(); // reads (and ignores) what the client sends, so its close is seen
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', resolve);
+  });
+  const address = server.address();
+  if (typeof address !== 'object' || !address) throw new Error('no port');
+  return {
+    port: address.port,
+    get connections() {
+      return sockets.size;
+    },
+    close: async () => {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
 /** Whether `redis-server` is on the PATH. */
 export function redisServerAvailable(): boolean {
   return spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0;
