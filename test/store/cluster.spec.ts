@@ -4,7 +4,7 @@ import { Cluster } from 'ioredis';
 import { LockService } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
-import { nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -85,11 +85,8 @@ describe('Redis Cluster', () => {
       const waiting = elsewhere(() => app.locks.acquire(key, { fair: true, leaseMs: 60_000, watchdog: true, waitMs: 30_000 }));
       const { owner } = await contended;
       const node = cluster.node(await cluster.ownerOf(keySlot(key)));
-      // Once its wait id is registered (its second attempt, after subscribing), the waiter sleeps up to 2.5 s.
-      for (let i = 0; !/^\d+ \S+$/.test((await node.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''); i++) {
-        if (i > 100) throw new Error('the waiter never registered its wait');
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      // From then on the waiter sleeps up to 2.5 s.
+      await waitRegistered(node, key, owner);
       await node.config('RESETSTAT');
       await holder.release();
       const lock = await waiting;

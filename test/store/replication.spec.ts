@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { nextEvent, startLockApp } from '../support/lock-testing.js';
+import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
 /**
  * Replica confirmation (`replication`: Redis WAIT after acquire, renew and release) on real servers:
@@ -46,8 +46,7 @@ describe('replica confirmation (WAIT)', () => {
       const waiting = app.locks.acquire('r:fair', { fair: true });
       const { owner } = await contended;
       // Release once the waiter sleeps with its wait registered, so a handover message could reach it.
-      const probe = master.client();
-      await until(async () => /^\d+ \S+$/.test((await probe.hget('lock:{r:fair}:queue:leases', owner)) ?? ''), 10_000, 'the waiter never registered its wait');
+      await waitRegistered(master.client(), 'r:fair', owner);
       await holder.release();
       const lock = await waiting;
       // Its own attempt took the handover over (that clears the `:handed` mark), then WAIT.

@@ -2,6 +2,7 @@ import type { LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
+import { until } from './redis-server.js';
 
 /** Collects what the library logs, so tests can assert on levels and messages. */
 export class CapturingLogger implements LoggerService {
@@ -83,4 +84,13 @@ export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => voi
   let open!: (value: T) => void;
   const promise = new Promise<T>((resolve) => (open = resolve));
   return { promise, open };
+}
+
+/**
+ * Resolves once the fair waiter `owner` of `key` has registered its wait id in Redis (its attempt
+ * after subscribing to the release channel): from then on it sleeps, and a handover message can
+ * reach it. `redis` is any client of the server that holds the lock (default prefix `lock:`).
+ */
+export async function waitRegistered(redis: { hget(key: string, field: string): Promise<string | null> }, key: string, owner: string): Promise<void> {
+  await until(async () => /^\d+ \S+$/.test((await redis.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, `the fair waiter ${owner} of "${key}" never registered its wait id`);
 }

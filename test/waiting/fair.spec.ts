@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { nextEvent, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
@@ -118,7 +118,7 @@ describe('fair mode', () => {
       const waiting = waiterApp.locks.acquire(key, { fair: true, waitMs: 60_000, ...options });
       const { owner } = await contended;
       // The second attempt (after subscribing) registers the wait id; then the waiter sleeps.
-      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, 'the waiter never registered its wait id');
+      await waitRegistered(raw, key, owner);
       return { waiting, owner };
     }
 
@@ -214,7 +214,7 @@ describe('fair mode', () => {
       const holder = await app.locks.acquire(key, { fair: true });
       child.send({ type: 'wait', id: 1 });
       await child.next('queued');
-      await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, 'waiter-1')) ?? ''), 10_000, 'the waiter never registered its wait id');
+      await waitRegistered(raw, key, 'waiter-1');
       child.kill('SIGSTOP');
       const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
       const second = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
