@@ -530,7 +530,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = { granted: true as const, holdCount: 1, fencingToken };
     if (now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.held.has(heldLockId(context.owner, key, o.mode))) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
@@ -559,7 +559,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
             fair: true,
             queueTimeoutMs: this.options.fairQueueTimeoutMs,
             handoverLeaseMs: this.handoverLeaseMs(o),
-            heldLocally: this.held.has(heldLockId(owner, key, o.mode)),
+            heldLocally: this.holdsHere(owner, key, o.mode),
             waitId,
           }
         : { key, owner, leaseMs: o.leaseMs, mode: o.mode },
@@ -700,10 +700,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     this.watchdog.touch(lock);
   }
 
+  /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */
+  private holdsHere(owner: string, key: string, mode: LockMode): boolean {
+    return this.held.has(heldLockId(owner, key, mode));
+  }
+
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
     if (!o.fair && o.mode !== 'write') return;
-    await this.store.abandon(key, owner, o.mode, o.fair, this.held.has(heldLockId(owner, key, o.mode))).catch(() => undefined);
+    await this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode)).catch(() => undefined);
   }
 
   /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */

@@ -397,7 +397,8 @@ export class RedisLockStore implements LockStore {
       else if (payload === 'all') this.waiters.notifyEveryone(entry.key);
       else if (payload.startsWith('granted ')) {
         const [, token, waitId] = payload.split(' ', 3) as [string, string, string];
-        this.granted(entry.key, payload.slice(9 + token.length + waitId.length + 1), waitId, Number(token));
+        // The owner is the rest of the message (it may contain spaces).
+        this.granted(entry.key, payload.slice(`granted ${token} ${waitId} `.length), waitId, Number(token));
       }
     };
     sub.on('message', onMessage);
