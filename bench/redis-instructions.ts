@@ -2,7 +2,7 @@
 // instructions, counted by valgrind's callgrind (the same count for the same binary and inputs,
 // whatever else the machine is doing, unlike times on this shared 2-core machine). For the raw
 // limit (SET NX PX + compare-and-delete), for nestjs-locked's scripts as they are, and for the
-// scripts of any earlier commit (INSTRUCTIONS_BEFORE=<commit>, read with git show), each on its own
+// scripts of earlier commits (INSTRUCTIONS_BEFORE=<commit>[,<commit>...], read with git show), each on its own
 // redis-server under callgrind: warm up, zero the counters, run the pairs, dump, divide.
 // INSTRUCTIONS_BREAKDOWN=1 adds variants of our scripts with one part taken out (no body at all, no
 // fencing token, no release announcement), to show what each part costs.
@@ -46,7 +46,7 @@ if (process.env.INSTRUCTIONS_BREAKDOWN) {
   kinds['breakdown: empty scripts'] = ourPair('return {1, 1, 1}', 'return 0');
   kinds['breakdown: acquire without fencing token'] = ourPair(
     `local lock, owner, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
-if redis.call('exists', lock) == 0 then redis.call('hset', lock, owner, 1) redis.call('pexpire', lock, lease) return {1, 1, 0} end
+if redis.call('exists', lock) == 0 then redis.call('hset', lock, owner, '1') redis.call('pexpire', lock, ARGV[2]) return {1, 1, 0} end
 return {0, redis.call('pttl', lock)}`,
     RELEASE,
   );
@@ -61,8 +61,8 @@ return 0`,
   );
 }
 
-const before = process.env.INSTRUCTIONS_BEFORE;
-if (before) {
+// INSTRUCTIONS_BEFORE=<commit>[,<commit>...]: the scripts of earlier commits, each its own row.
+for (const before of (process.env.INSTRUCTIONS_BEFORE ?? '').split(',').filter(Boolean)) {
   // The scripts module of that commit, compiled on the fly: its ACQUIRE and RELEASE strings only.
   const source = execFileSync('git', ['show', `${before}:lib/store/redis/lock.scripts.ts`], { cwd: repoRoot, encoding: 'utf8' });
   const dir = mkdtempSync(join(tmpdir(), 'scripts-before-'));

@@ -171,7 +171,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     const seq = p?.['1 sequential'];
     const par = p?.['2 64 workers'];
     let text =
-      `- **${missed1 && missed2 ? 'Scenarios 1 and 2' : missed1 ? 'Scenario 1' : 'Scenario 2'}, pairs/s against raw SET NX.** Our two scripts do more than SET NX and a compare-and-delete: a hash with a hold count (reentrancy), a fencing token (Redis TIME and a SET ... GET on a counter key) on every fresh grant, and a release announcement for waiters (EXISTS on the lock and on the fair queue, PUBLISH).`;
+      `- **${missed1 && missed2 ? 'Scenarios 1 and 2' : missed1 ? 'Scenario 1' : 'Scenario 2'}, pairs/s against raw SET NX.** Our two scripts do more than SET NX and a compare-and-delete: a hash with a hold count (reentrancy), a fencing token (Redis TIME and a SET ... GET on a counter key) on every fresh grant, and a release announcement for waiters (one EXISTS of the lock and its fair queue, PUBLISH).`;
     if (i) {
       const ours = i['nestjs-locked scripts']!;
       const empty = i['breakdown: empty scripts'];
@@ -230,8 +230,9 @@ function profileSection(e: Extras): string[] {
   const out = ['## Where the time goes (profiling)', ''];
   if (e.instructions) {
     const i = e.instructions.instructionsPerPair;
+    const before = Object.keys(i).flatMap((name) => /^nestjs-locked scripts at (\w+)$/.exec(name)?.[1] ?? []);
     out.push(
-      `\`npm run bench:instructions\` (with \`INSTRUCTIONS_BREAKDOWN=1 INSTRUCTIONS_BEFORE=f2eca20\`): redis-server's instructions per acquire + release pair, counted by valgrind's callgrind over ${fmt(e.instructions.pairs)} pairs on fresh keys. Unlike times, the count does not move with the load of the machine. Kernel time (socket reads and writes) is not counted.`,
+      `\`npm run bench:instructions\` (with \`INSTRUCTIONS_BREAKDOWN=1${before.length ? ` INSTRUCTIONS_BEFORE=${before.join(',')}` : ''}\`): redis-server's instructions per acquire + release pair, counted by valgrind's callgrind over ${fmt(e.instructions.pairs)} pairs on fresh keys. Unlike times, the count does not move with the load of the machine. Kernel time (socket reads and writes) is not counted.`,
       '',
       '| pair | instructions | vs raw |',
       '|---|---|---|',
@@ -256,7 +257,7 @@ function profileSection(e: Extras): string[] {
     }
     out.push(
       '',
-      'What changed after profiling (2026-11-23): the fencing counter takes one SET ... GET instead of GET + SET, a release reads the hold count with one HGET instead of HEXISTS + HINCRBY (14 to 12 Redis commands per pair, about 7 % fewer redis-server instructions), and LockService creates a lock\'s AbortController only when its signal is read and builds events only when someone subscribed. Scenario 4: @Locked handlers get their call site as an extra parameter instead of going through LockInterceptor (Nest\'s interceptor machinery measured 25 us per request), which moved @Locked from 0.70 x to 0.86 x the hand-written lock in a `BENCH_ONLY=4 npm run bench` run. The before and now profiles are two runs minutes apart, not interleaved: compare each row with its own raw row.',
+      'What changed after profiling (2026-11-23): the fencing counter takes one SET ... GET instead of GET + SET, a release reads the hold count with one HGET instead of HEXISTS + HINCRBY (14 to 12 Redis commands per pair, about 7 % fewer redis-server instructions), and LockService creates a lock\'s AbortController only when its signal is read and builds events only when someone subscribed. Scenario 4: @Locked handlers get their call site as an extra parameter instead of going through LockInterceptor (Nest\'s interceptor machinery measured 25 us per request), which moved @Locked from 0.70 x to 0.86 x the hand-written lock in a `BENCH_ONLY=4 npm run bench` run. Later the same day (after 1449cac): the scripts pass Redis no Lua numbers (Lua turns each into a string with sprintf; the fencing token is now joined from the digits of TIME, a lease or hold count passed as the string it came in as), and a release asks EXISTS once for the lock and its fair queue (12 to 11 commands per pair): 10 % fewer redis-server instructions per pair (the callgrind table). The before and now profiles are two runs minutes apart, not interleaved: compare each row with its own raw row.',
       '',
     );
   }

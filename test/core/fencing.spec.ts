@@ -45,6 +45,32 @@ describe('fencing tokens', () => {
     await third.release();
   });
 
+  it("are Redis's clock in microseconds on a fresh counter, for single, read and multi-key grants, also when the microseconds have fewer than six digits", async () => {
+    const redisTime = async () => {
+      const [s, us] = await raw.time();
+      return { s: Number(s), us: Number(us), micros: Number(s) * 1_000_000 + Number(us) };
+    };
+    // TIME's microseconds have fewer than six digits in the first tenth of each second: grant on
+    // fresh keys until three rounds fell wholly inside that tenth and three outside it (about a second).
+    let short = 0;
+    let long = 0;
+    for (let i = 0; short < 3 || long < 3; i++) {
+      expect(i).toBeLessThan(10_000);
+      const before = await redisTime();
+      const single = await app.locks.acquire(`fence:clock:x${i}`);
+      const read = await app.locks.readLock(`fence:clock:r${i}`);
+      const group = await app.locks.acquire([`fence:clock:g${i}`, `fence:clock:h${i}`]);
+      const after = await redisTime();
+      for (const token of [single.fencingToken, read.fencingToken, ...group.handles.map((h) => h.fencingToken)]) {
+        expect(token).toBeGreaterThanOrEqual(before.micros);
+        expect(token).toBeLessThanOrEqual(after.micros);
+      }
+      if (before.s === after.s && after.us < 100_000) short++;
+      else if (before.us >= 100_000) long++;
+      await Promise.all([single.release(), read.release(), group.release()]);
+    }
+  });
+
   it('keep increasing while the counter is ahead of the server clock (a clock stepped back), for single, read and multi-key grants', async () => {
     // A counter 10^15 microseconds (about 31 years) ahead of Redis's clock: the clock-seeded
     // token alone would go backwards, so every grant must continue from the counter.

@@ -53,16 +53,18 @@ export const FENCE_COUNTER_TTL_MS = 3_600_000;
 const FALLBACK_HANDOVER_LEASE_MS = 5_000;
 
 /**
- * Lua fragment: the next fencing token of the counter `fence` into local `token`, the counter set
- * to it (lifetime ARGV[3]). `time` is a Redis TIME reply. One SET ... GET in the usual case (the
- * clock is ahead of the counter); a second SET only when the counter is ahead of the clock.
+ * Lua fragment: the next fencing token of the counter `fence` into local `token` (a string of
+ * digits), the counter set to it (lifetime ARGV[3]). `time` is a Redis TIME reply. One SET ... GET
+ * in the usual case (the clock is ahead of the counter); a second SET only when the counter is ahead
+ * of the clock. The token is written by joining TIME's digits, not with string.format: Lua formats
+ * numbers with sprintf, which costs Redis more than the SET itself.
  */
 function nextToken(time: string, lifetime = 'ARGV[3]'): string {
-  return `local token = tonumber(${time}[1]) * 1000000 + tonumber(${time}[2])
-  local last = tonumber(redis.call('set', fence, string.format('%.0f', token), 'px', ${lifetime}, 'get') or '0')
-  if last >= token then
-    token = last + 1
-    redis.call('set', fence, string.format('%.0f', token), 'px', ${lifetime})
+  return `local token = ${time}[1] .. string.rep('0', 6 - #${time}[2]) .. ${time}[2]
+  local last = redis.call('set', fence, token, 'px', ${lifetime}, 'get')
+  if last and tonumber(last) >= tonumber(token) then
+    token = string.format('%.0f', tonumber(last) + 1)
+    redis.call('set', fence, token, 'px', ${lifetime})
   end`;
 }
 
@@ -74,16 +76,16 @@ function nextToken(time: string, lifetime = 'ARGV[3]'): string {
 function grantFresh(timeExpr: string): string {
   return `local now = ${timeExpr}
   ${nextToken('now')}
-  redis.call('hset', lock, owner, 1)
-  redis.call('pexpire', lock, lease)
-  return {1, 1, token}`;
+  redis.call('hset', lock, owner, '1')
+  redis.call('pexpire', lock, ARGV[2])
+  return {1, 1, tonumber(token)}`;
 }
 
 /** Lua fragment: if `owner` holds the lock, take one more hold (never shortening the lease) and return. */
 const reenter = `if redis.call('hexists', lock, owner) == 1 then
-  local holds = redis.call('hincrby', lock, owner, 1)
+  local holds = redis.call('hincrby', lock, owner, '1')
   local ttl = redis.call('pttl', lock)
-  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
   return {1, holds, tonumber(redis.call('get', fence) or '0')}
 end`;
 
@@ -114,8 +116,7 @@ const handOver = `local function handOver(t, channel, publisher)
   if place then handoverLease, waitId = string.match(place, '^(%d+) (%S*)$') end
   redis.call('hdel', leases, head)
   ${nextToken('t', String(FENCE_COUNTER_TTL_MS))}
-  token = string.format('%.0f', token)
-  redis.call('hset', lock, head, 1, ':handed', head)
+  redis.call('hset', lock, head, '1', ':handed', head)
   redis.call('pexpire', lock, handoverLease)
   redis.call(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
   return {token, waitId, head}
@@ -125,11 +126,14 @@ end`;
  * Lua fragment, for scripts whose KEYS are {lock, queue} and ARGV {_, channel, publisher}: if the lock is free now,
  * hand it to the fair queue's first live waiter (local `handed` = what handOver returned), else
  * announce `released` on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
- * their own field (HDEL of both), so a free lock is a deleted hash.
+ * their own field (HDEL of both), so a free lock is a deleted hash. One EXISTS counts both names:
+ * 0 is the usual release (free, nobody queued); 1 is told apart (still held, or free with a queue)
+ * by a second EXISTS.
  */
 const freed = `local handed = false
-if redis.call('exists', lock) == 0 then
-  if redis.call('exists', queue) == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3]) end
+local present = redis.call('exists', lock, queue)
+if present == 0 or (present == 1 and redis.call('exists', lock) == 0) then
+  if present == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3]) end
   if not handed then redis.call(ARGV[3], ARGV[2], 'released') end
 end`;
 
@@ -174,7 +178,7 @@ local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 ${handOver}
 if ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
   redis.call('hdel', lock, ':handed')
-  redis.call('pexpire', lock, lease)
+  redis.call('pexpire', lock, ARGV[2])
   return {1, tonumber(redis.call('hget', lock, owner)), tonumber(redis.call('get', fence) or '0')}
 end
 ${reenter}
@@ -321,9 +325,9 @@ local lock, fence, writers = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local field = owner .. ':read'
 if redis.call('hexists', lock, field) == 1 then
-  local holds = redis.call('hincrby', lock, field, 1)
+  local holds = redis.call('hincrby', lock, field, '1')
   local ttl = redis.call('pttl', lock)
-  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
   return {1, holds, tonumber(redis.call('get', fence) or '0')}
 end
 local exists = redis.call('exists', lock) == 1
@@ -339,10 +343,10 @@ if live > 0 and not downgrade then
 end
 ${nextToken('t')}
 if not exists then redis.call('hset', lock, ':mode', 'read') end
-redis.call('hset', lock, field, 1)
+redis.call('hset', lock, field, '1')
 local ttl = redis.call('pttl', lock)
-if ttl < lease then redis.call('pexpire', lock, lease) end
-return {1, 1, token}
+if ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
+return {1, 1, tonumber(token)}
 `;
 
 /**
@@ -423,14 +427,14 @@ for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
   if redis.call('exists', lock) == 0 then
     ${nextToken('t')}
-    redis.call('hset', lock, owner, 1)
-    redis.call('pexpire', lock, lease)
+    redis.call('hset', lock, owner, '1')
+    redis.call('pexpire', lock, ARGV[2])
     out[#out + 1] = 1
-    out[#out + 1] = token
+    out[#out + 1] = tonumber(token)
   else
-    local holds = redis.call('hincrby', lock, owner, 1)
+    local holds = redis.call('hincrby', lock, owner, '1')
     local ttl = redis.call('pttl', lock)
-    if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, lease) end
+    if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
     out[#out + 1] = holds
     out[#out + 1] = tonumber(redis.call('get', fence) or '0')
   end
