@@ -15,14 +15,14 @@ export class HeldLock {
   /** Monotonic time at which the watchdog should renew it. */
   renewAt = Infinity;
   readonly acquiredAt = now();
-  /** The map key of this record (see heldLockId). */
-  readonly id: string;
   /** Created on first use: most locks are released without anyone reading their signal. */
   private controller: AbortController | undefined;
   /** Set once the lock is known to be lost (see `lost`), with the reason its signal aborts with. */
   private loss: { reason: unknown } | undefined;
 
   constructor(
+    /** The map key of this record: `heldLockId(owner, key, mode)`. */
+    readonly id: string,
     readonly key: string,
     readonly owner: string,
     public leaseMs: number,
@@ -33,7 +33,6 @@ export class HeldLock {
     /** Clock drift allowance to take off a lease's local deadline (Redlock). */
     private readonly drift: (leaseMs: number) => number = () => 0,
   ) {
-    this.id = heldLockId(owner, key, mode);
     this.setLease(leaseStart, leaseMs);
   }
 

@@ -455,7 +455,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     o.signal?.throwIfAborted();
     const started = now();
     const deadline = started + o.waitMs;
-    let attempt = await this.attempt(key, context.owner, o, deadline);
+    let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
     if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
     if (attempt.result.upgrade) throw new LockUpgradeError(key);
     const retryAfter = (r: AcquireResult) => (r.granted || r.ttlMs < 0 ? undefined : r.ttlMs);
@@ -547,8 +547,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     o: ResolvedLockOptions,
     deadline: number,
     waitId?: string,
+    /** When the attempt started: Redis's lease counts from a moment after it. */
+    start = now(),
   ): Promise<{ result: AcquireResult; start: number }> {
-    const start = now();
     const request = this.store.acquire(
       o.fair
         ? {
@@ -567,7 +568,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
-    if (result.granted && (await this.givenBackIfStale(start, o, owner, [{ key, holdCount: result.holdCount }]))) {
+    // (The lease check comes first: it is false on almost every grant, and costs no promise.)
+    if (result.granted && now() >= start + o.leaseMs && (await this.givenBackIfStale(start, o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
     }
     return { result, start };
@@ -629,7 +631,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     } else {
       // A record without a matching hold in Redis means the old grant was lost unnoticed.
       if (lock) void this.markLost(lock, 'taken');
-      lock = new HeldLock(key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
+      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
       if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);

@@ -53,10 +53,14 @@ export class Watchdog {
     if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lock.deadline));
   }
 
-  /** Stops watching a lock. Called before its release is sent, so no renewal can follow a release. */
+  /**
+   * Stops watching a lock. Called before its release is sent, so no renewal can follow a release.
+   * The timer stays armed when the last lock goes (it never keeps the process alive, and a tick
+   * with nothing due only reschedules): a service that takes and releases one lock at a time would
+   * otherwise clear and arm a timer on every acquisition.
+   */
   remove(lock: HeldLock): void {
     this.locks.delete(lock);
-    if (this.locks.size === 0) this.clear();
   }
 
   stop(): void {
