@@ -1,6 +1,7 @@
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { LockMode } from './store/lock-store.js';
+import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from './lock.constants.js';
 
 /** The longest delay a Node timer can express (about 24.8 days). Durations are capped to it. */
 export const MAX_DURATION_MS = 2_147_483_647;
@@ -260,7 +261,7 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
     onContention: contentionOption(o.onContention, where, 'wait'),
     minHoldMs: duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 }),
     contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),
-    fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: 5_000 }),
+    fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: DEFAULT_FAIR_QUEUE_TIMEOUT_MS }),
     replication,
     redlock,
   };

@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
+import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
 
 /**
  * Locks in this process's memory, with the semantics of the Redis store (`lock.scripts.ts`):
@@ -23,7 +24,7 @@ export class MemoryLockStore implements LockStore {
 
   async close(): Promise<void> {}
 
-  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs = 5_000 }: AcquireRequest): Promise<AcquireResult> {
+  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs = DEFAULT_FAIR_QUEUE_TIMEOUT_MS }: AcquireRequest): Promise<AcquireResult> {
     const lock = this.live(key);
     const field = holderField(owner, mode);
     if (lock?.fields.has(field)) return this.reenter(key, lock, field, leaseMs);

@@ -49,7 +49,11 @@
 /** How long a fencing counter outlives the last grant of its key. */
 export const FENCE_COUNTER_TTL_MS = 3_600_000;
 
-/** The lease a fair waiter that registered none (queued by an older version) is handed a lock with. */
+/**
+ * The lease a fair waiter that registered none (queued by an older version) is handed a lock with:
+ * DEFAULT_FAIR_QUEUE_TIMEOUT_MS, written out because this module imports nothing (bench tools load
+ * it from earlier commits on its own).
+ */
 const FALLBACK_HANDOVER_LEASE_MS = 5_000;
 
 /**

@@ -21,6 +21,7 @@ import {
 import { RedisScript } from './redis-script.js';
 import { LockReplicationError } from '../../errors/lock-replication.error.js';
 import type { ReplicationOptions } from '../../lock-options.js';
+import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
 
 const scripts = {
   acquire: new RedisScript('acquire', ACQUIRE),
@@ -152,9 +153,9 @@ export class RedisLockStore implements LockStore {
     if (mode === 'read') {
       r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
     } else if (mode === 'write') {
-      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? 5_000])) as number[];
+      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
     } else if (fair) {
-      const queueTimeout = queueTimeoutMs ?? 5_000;
+      const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
       r = (await scripts.acquireFair.run(
         this.client,
         [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
