@@ -595,18 +595,16 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * If Redis does not answer in time, the attempt is abandoned (LockBackendError); should it still
    * be granted later, `giveBack` returns that grant at once so no orphan lock stays until its lease ends.
    */
-  private async bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
+  private bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
     const limit = Math.max(deadline - start, MIN_ATTEMPT_MS);
-    try {
-      return await withTimeout(request, limit, () => new AttemptTimeout(limit));
-    } catch (error) {
+    return withTimeout(request, limit, () => new AttemptTimeout(limit)).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
         request.then(giveBack, () => undefined).then(undefined, () => undefined);
       }
       // Our own errors (a replica shortfall, a Redlock quorum) say more than a wrapper would.
       if (error instanceof LockError) throw error;
       throw new LockBackendError('acquire', what, error);
-    }
+    });
   }
 
   private granted(
