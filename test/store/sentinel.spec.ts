@@ -1,8 +1,9 @@
 import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { LockReplicationError } from '../../lib/index.js';
+import { LockLostError, LockReplicationError } from '../../lib/index.js';
 import { RedisSentinelSet } from '../support/redis-sentinel.js';
-import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { until } from '../support/redis-server.js';
+import { aborted, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Sentinel: a master, a replica and 3 sentinels started by the harness. The lock module
@@ -62,4 +63,60 @@ describe('Redis Sentinel', () => {
     watching.unsubscribe();
     expect(lost).toEqual([]);
   }, 60_000);
+});
+
+/**
+ * The failover that asynchronous replication allows: the master granted a lock, died before its
+ * replica received it, and the sentinels promoted that replica. The replica's link to the master
+ * runs through a proxy the test stalls (`holdReplication`), so the lock is missing on the promoted
+ * master for certain.
+ */
+describe('Redis Sentinel: a lock the promoted replica never received', () => {
+  let set: RedisSentinelSet;
+  let first: LockApp;
+  let second: LockApp;
+
+  beforeAll(async () => {
+    set = await RedisSentinelSet.start({ replicationProxy: true });
+    // A 10 s lease: renewal every 3.3 s, retried each second while the failover runs, so the
+    // holder reaches the promoted master well before its local deadline.
+    const options = { redis: { sentinels: set.nodes, name: set.name }, leaseMs: 10_000 };
+    first = await startLockApp(options);
+    second = await startLockApp(options);
+  }, 60_000);
+  afterAll(async () => {
+    await first?.close();
+    await second?.close();
+    await set?.stop();
+  });
+
+  it("lets another owner take it on the new master, and the holder's next renewal aborts its signal (taken)", async () => {
+    // While the link is open, a lock reaches the replica.
+    const replicated = await first.locks.acquire('s:replicated');
+    await until(async () => (await set.direct(set.replica).hget('lock:{s:replicated}', replicated.owner)) === '1', 10_000, 'the replica never received the lock');
+    set.holdReplication();
+    const held = await first.locks.acquire('s:unreplicated');
+    expect(await set.direct(set.master).hget('lock:{s:unreplicated}', held.owner)).toBe('1');
+    const lost = nextEvent(first.locks.events$, 'lost', (e) => e.key === 's:unreplicated', 30_000);
+    await set.failover();
+    expect(await set.direct(set.master).hget('lock:{s:replicated}', replicated.owner)).toBe('1');
+    expect(await set.direct(set.master).exists('lock:{s:unreplicated}')).toBe(0);
+    // Two owners now: the new master lets another one in while the first still holds its handle.
+    const other = await second.locks.acquire('s:unreplicated', { waitMs: 20_000 });
+    expect(await set.direct(set.master).hget('lock:{s:unreplicated}', other.owner)).toBe('1');
+    // The first holder's renewal on the new master is refused: it is told, not left believing.
+    expect((await lost).reason).toBe('taken');
+    const reason = await aborted(held.signal);
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect((reason as LockLostError).reason).toBe('taken');
+    expect(held.isHeld).toBe(false);
+    // The other owner's lock is untouched by the first holder's loss and release.
+    await held.release();
+    expect(await set.direct(set.master).hget('lock:{s:unreplicated}', other.owner)).toBe('1');
+    await other.release();
+    expect(await set.direct(set.master).exists('lock:{s:unreplicated}')).toBe(0);
+    // The lock the replica had kept renewing on the new master all along.
+    expect(replicated.isHeld).toBe(true);
+    await replicated.release();
+  }, 90_000);
 });

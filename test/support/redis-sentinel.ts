@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { freePort, RedisServer, spawnUntilReady, until } from './redis-server.js';
+import { freePort, RedisServer, spawnUntilReady, tcpProxy, until } from './redis-server.js';
 
 const MASTER_NAME = 'locks';
 
@@ -19,23 +19,31 @@ export class RedisSentinelSet {
     public master: RedisServer,
     public replica: RedisServer,
     private readonly sentinels: SentinelProcess[],
+    private readonly link: { hold(): void; close(): Promise<void> } | undefined,
   ) {}
 
   readonly name = MASTER_NAME;
 
-  static async start(): Promise<RedisSentinelSet> {
+  /**
+   * `replicationProxy`: the replica reaches the master through a TCP proxy, so `holdReplication()`
+   * can stall its link (the sentinels' failover timeout is then 60 s instead of 5 s, so they do not
+   * "fix" the replica to the master's own address, which they do after twice that timeout).
+   */
+  static async start(options: { replicationProxy?: boolean } = {}): Promise<RedisSentinelSet> {
     const master = await RedisServer.start();
     const started: { stop(): Promise<void> }[] = [master];
     try {
-      const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
+      const link = options.replicationProxy ? await tcpProxy(master.port) : undefined;
+      if (link) started.push({ stop: () => link.close() });
+      const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(link?.port ?? master.port)]);
       started.push(replica);
       const sentinels: SentinelProcess[] = [];
       for (let i = 0; i < 3; i++) {
-        const s = await SentinelProcess.start(master.port);
+        const s = await SentinelProcess.start(master.port, link ? 60_000 : 5_000);
         sentinels.push(s);
         started.push(s);
       }
-      const set = new RedisSentinelSet(master, replica, sentinels);
+      const set = new RedisSentinelSet(master, replica, sentinels, link);
       // Ready when the replica is in sync and every sentinel knows the replica and the 2 other sentinels.
       await until(async () => {
         const info = String(await set.direct(replica).info('replication'));
@@ -63,6 +71,16 @@ export class RedisSentinelSet {
   async masterPort(): Promise<number> {
     const [, port] = (await this.sentinelClient(this.sentinels[0]!).call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', MASTER_NAME)) as [string, string];
     return Number(port);
+  }
+
+  /**
+   * From now on the replica receives nothing more from the master (the connection stays open, so
+   * neither side nor the sentinels see a broken link): writes after this are missing on it, as
+   * asynchronous replication can leave them when a master dies. Needs `replicationProxy`.
+   */
+  holdReplication(): void {
+    if (!this.link) throw new Error('start the set with { replicationProxy: true }');
+    this.link.hold();
   }
 
   /** SIGKILLs the master; resolves once the sentinels report the replica as master and it accepts writes. */
@@ -95,6 +113,7 @@ export class RedisSentinelSet {
     this.sentinelClients.clear();
     await Promise.all(this.sentinels.map((s) => s.stop()));
     await Promise.all([this.master.stop(), this.replica.stop()]);
+    await this.link?.close();
   }
 
   private sentinelClient(s: SentinelProcess): Redis {
@@ -116,7 +135,7 @@ class SentinelProcess {
     private readonly dir: string,
   ) {}
 
-  static async start(masterPort: number): Promise<SentinelProcess> {
+  static async start(masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {
     const port = await freePort();
     const dir = mkdtempSync(join(tmpdir(), 'nestjs-locked-sentinel-'));
     const conf = join(dir, 'sentinel.conf');
@@ -128,7 +147,7 @@ class SentinelProcess {
         `dir ${dir}`,
         `sentinel monitor ${MASTER_NAME} 127.0.0.1 ${masterPort} 2`,
         `sentinel down-after-milliseconds ${MASTER_NAME} 500`,
-        `sentinel failover-timeout ${MASTER_NAME} 5000`,
+        `sentinel failover-timeout ${MASTER_NAME} ${failoverTimeoutMs}`,
         `sentinel parallel-syncs ${MASTER_NAME} 1`,
         '',
       ].join('\n'),

@@ -1,6 +1,6 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -199,4 +199,45 @@ export async function silentPort(): Promise<{ port: number; readonly connections
 /** Whether `redis-server` is on the PATH. */
 export function redisServerAvailable(): boolean {
   return spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0;
+}
+
+/**
+ * A TCP proxy on a free loopback port to `targetPort`, for a link whose traffic a test must stall:
+ * `hold()` stops passing on what the target sends (kept, never delivered) while the connection
+ * stays open, as a congested or partitioned link looks to the other end. When the target closes a
+ * connection, the proxy closes the other side too.
+ */
+export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(): void; close(): Promise<void> }> {
+  const sockets = new Set<Socket>();
+  let holding = false;
+  const server = createServer((downstream) => {
+    const upstream = connect(targetPort, '127.0.0.1');
+    for (const s of [downstream, upstream]) {
+      sockets.add(s);
+      s.on('error', () => undefined);
+      s.on('close', () => {
+        sockets.delete(s);
+        downstream.destroy();
+        upstream.destroy();
+      });
+    }
+    downstream.on('data', (d) => upstream.write(d));
+    upstream.on('data', (d) => {
+      if (!holding) downstream.write(d);
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', resolve);
+  });
+  const address = server.address();
+  if (typeof address !== 'object' || !address) throw new Error('no port');
+  return {
+    port: address.port,
+    hold: () => void (holding = true),
+    close: async () => {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
 }
