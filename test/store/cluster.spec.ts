@@ -4,6 +4,7 @@ import { Cluster } from 'ioredis';
 import { LockService } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
+import { until } from '../support/redis-server.js';
 import { nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
@@ -133,4 +134,52 @@ describe('Redis Cluster', () => {
     expect(client.status).toBe('ready');
     expect(other.moduleRef.get(LockService)).toBeDefined();
   });
+});
+
+/**
+ * A master failover inside the Cluster: 3 masters with one replica each; the master serving a held
+ * lock is SIGKILLed and the cluster promotes its replica (node timeout 2 s, then a vote).
+ */
+describe('Redis Cluster: master failover', () => {
+  let cluster: RedisCluster;
+  let app: LockApp;
+  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start(3, 1);
+    // A 10 s lease, well beyond the 3 to 5 s the failover takes here (a renewal that falls into it
+    // fails and is retried each second), so the held lock outlives it on a loaded machine too.
+    app = await startLockApp({ redis: { cluster: cluster.nodes }, leaseMs: 10_000, waitMs: 20_000 });
+  }, 60_000);
+  afterAll(async () => {
+    await app?.close();
+    await cluster?.stop();
+  });
+
+  it('follows the promoted replica: a held lock it received keeps renewing there, and the slot takes new locks', async () => {
+    const key = 'failover:held';
+    const slot = keySlot(key);
+    const held = await app.locks.acquire(key);
+    const replica = await cluster.replicaOf(await cluster.ownerOf(slot));
+    await cluster.node(replica).call('READONLY'); // a replica answers reads of its slots only after READONLY
+    const onReplica = () => cluster.node(replica).hget(`lock:{${key}}`, held.owner);
+    await until(async () => (await onReplica()) === '1', 10_000, 'the replica never received the lock');
+    const lost: string[] = [];
+    const watching = app.locks.events$.subscribe((e) => void (e.type === 'lost' && lost.push(e.key)));
+    const { promoted } = await cluster.failover(slot);
+    // A renewal after the promotion reaches the new master and succeeds.
+    await nextEvent(app.locks.events$, 'renewed', (e) => e.key === key, 20_000);
+    expect(held.isHeld).toBe(true);
+    expect(Number(await cluster.node(promoted).pttl(`lock:{${key}}`))).toBeGreaterThan(5_000);
+    // Another owner is refused on the new master, then gets the lock once it is released.
+    expect(await elsewhere(() => app.locks.tryAcquire(key))).toBeNull();
+    const waiting = elsewhere(() => app.locks.acquire(key));
+    await held.release();
+    const next = await waiting;
+    expect(await cluster.node(promoted).hget(`lock:{${key}}`, next.owner)).toBe('1');
+    await next.release();
+    expect(await cluster.node(promoted).exists(`lock:{${key}}`)).toBe(0);
+    watching.unsubscribe();
+    expect(lost).toEqual([]);
+  }, 90_000);
 });

@@ -8,24 +8,25 @@ const run = promisify(execFile);
 /**
  * A private Redis Cluster for one test file: `masters` `redis-server --cluster-enabled yes`
  * processes (each with its bus on its own free port), joined by `redis-cli --cluster create`,
- * stopped by pid. No replicas: the tests here are about slots, not failover.
+ * stopped by pid. With `replicas` (per master), `failover()` kills a master and waits until its
+ * replica took its slots over.
  */
 export class RedisCluster {
   private readonly clients: (Cluster | Redis)[] = [];
 
   private constructor(readonly servers: RedisServer[]) {}
 
-  static async start(masters = 3): Promise<RedisCluster> {
+  static async start(masters = 3, replicas = 0): Promise<RedisCluster> {
     const servers: RedisServer[] = [];
     try {
-      for (let i = 0; i < masters; i++) {
+      for (let i = 0; i < masters * (1 + replicas); i++) {
         const bus = await freePort();
         servers.push(
           await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000']),
         );
       }
       const nodes = servers.map((s) => `127.0.0.1:${s.port}`);
-      await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', '0', '--cluster-yes'], { timeout: 30_000 });
+      await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', String(replicas), '--cluster-yes'], { timeout: 30_000 });
       const cluster = new RedisCluster(servers);
       await cluster.settled();
       return cluster;
@@ -47,16 +48,21 @@ export class RedisCluster {
     return c;
   }
 
-  /** A plain connection to one node (for CLUSTER commands), closed by `stop()`. */
+  /** A plain connection to one node (for CLUSTER commands; one per node, reused), closed by `stop()`. */
   node(server: RedisServer): Redis {
-    const c = server.client();
-    this.clients.push(c);
+    let c = this.direct.get(server);
+    if (!c) {
+      c = server.client();
+      this.direct.set(server, c);
+      this.clients.push(c);
+    }
     return c;
   }
+  private readonly direct = new Map<RedisServer, Redis>();
 
-  /** The node that serves `slot` now. */
+  /** The node that serves `slot` now (as a running node sees it). */
   async ownerOf(slot: number): Promise<RedisServer> {
-    const slots = (await this.node(this.servers[0]!).cluster('SLOTS')) as unknown as [number, number, [string, number]][];
+    const slots = (await this.node(this.servers.find((s) => s.running)!).cluster('SLOTS')) as unknown as [number, number, [string, number]][];
     const range = slots.find(([from, to]) => slot >= from && slot <= to);
     if (!range) throw new Error(`slot ${slot} is not served`);
     return this.servers.find((s) => s.port === Number(range[2][1]))!;
@@ -83,6 +89,28 @@ export class RedisCluster {
     for (const server of this.servers) await this.node(server).cluster('SETSLOT', slot, 'NODE', dstId);
   }
 
+  /** The replica of `master` (the first one, with `replicas` > 0). */
+  async replicaOf(master: RedisServer): Promise<RedisServer> {
+    const info = String(await this.node(master).info('replication'));
+    const port = Number(/slave0:ip=[^,]+,port=(\d+)/.exec(info)?.[1]);
+    const replica = this.servers.find((s) => s.port === port);
+    if (!replica) throw new Error(`no replica of ${master.port}`);
+    return replica;
+  }
+
+  /**
+   * SIGKILLs the master serving `slot`; resolves once its replica serves the slot and every running
+   * node reports `cluster_state:ok` (the cluster's own failover: node timeout, vote, promotion).
+   */
+  async failover(slot: number): Promise<{ old: RedisServer; promoted: RedisServer }> {
+    const old = await this.ownerOf(slot);
+    const promoted = await this.replicaOf(old);
+    await old.kill();
+    await until(async () => (await this.ownerOf(slot)) === promoted, 30_000, `the replica ${promoted.port} never took slot ${slot} over`);
+    await this.settled();
+    return { old, promoted };
+  }
+
   async stop(): Promise<void> {
     for (const c of this.clients.splice(0)) c.disconnect();
     await Promise.all(this.servers.map((s) => s.stop()));
@@ -90,7 +118,7 @@ export class RedisCluster {
 
   /** Resolves once every node reports `cluster_state:ok`. */
   private async settled(): Promise<void> {
-    for (const server of this.servers) {
+    for (const server of this.servers.filter((s) => s.running)) {
       const c = server.client();
       try {
         await until(async () => String(await c.cluster('INFO')).includes('cluster_state:ok'), 10_000, `cluster on ${server.port} never became ok`);
