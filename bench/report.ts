@@ -189,7 +189,18 @@ function explainMisses(r: Results, e: Extras): string[] {
         `LockService adds ${(seq['nestjs-locked']!.nodeCpuUsPerPair - seq.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 1) and ${(par['nestjs-locked']!.nodeCpuUsPerPair - par.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 2) of Node CPU per pair on top. ` +
         'In scenario 2 Redis and Node share the 2 cores, so pairs/s follows the sum of both processes\' CPU per pair.';
     }
-    text += ' Left as is: the hold count, the fencing token and the wake-up announcement are what the lock promises (issues 1 and 4). Ratios also move with the machine: for the same code, back-to-back runs have given 0.67 to 0.93 x raw in scenario 1.';
+    text += ' Left as is: the hold count, the fencing token and the wake-up announcement are what the lock promises (issues 1 and 4). Ratios also move with the machine: for the same code, back-to-back runs have given 0.67 to 0.93 x raw in scenario 1';
+    // Each round runs every library once, back to back: the spread of one round's ratio shows the noise.
+    const spread = (rows: Record<string, Row> | undefined) => {
+      const ours = rows?.['nestjs-locked']?.runs as number[] | undefined;
+      const raw = rows?.raw?.runs as number[] | undefined;
+      if (!ours || !raw || ours.length !== raw.length) return undefined;
+      const ratios = ours.map((v, i) => v / raw[i]!);
+      return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}`;
+    };
+    const s1 = spread(r.sequential);
+    const s2 = spread(r.concurrent);
+    text += s1 && s2 ? `, and within this run one round's ratio went from ${s1} (scenario 1) and ${s2} (scenario 2).` : '.';
     lines.push(text);
   }
   if (r.contended) {
