@@ -64,15 +64,25 @@ describe('@Locked on microservice handlers (TCP)', () => {
   let locks: LockService;
   beforeAll(async () => {
     redis = await RedisServer.start();
-    const port = await freePort();
     @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true })], controllers: [OrdersHandlers] })
     class OrdersModule {}
-    service = await NestFactory.createMicroservice(OrdersModule, {
-      transport: Transport.TCP,
-      options: { host: '127.0.0.1', port },
-      logger: new CapturingLogger(),
-    });
-    await service.listen();
+    // A port probed free can be taken by another test's server before Nest binds it: then try another.
+    let port = 0;
+    for (let attempt = 0; ; attempt++) {
+      port = await freePort();
+      service = await NestFactory.createMicroservice(OrdersModule, {
+        transport: Transport.TCP,
+        options: { host: '127.0.0.1', port },
+        logger: new CapturingLogger(),
+      });
+      try {
+        await service.listen();
+        break;
+      } catch (error) {
+        await service.close();
+        if (attempt >= 4 || (error as { code?: string }).code !== 'EADDRINUSE') throw error;
+      }
+    }
     locks = service.get(LockService);
     client = ClientProxyFactory.create({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
     await client.connect();
