@@ -1,6 +1,6 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { connect, createServer, type Socket } from 'node:net';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -171,28 +171,20 @@ export function freePort(): Promise<number> {
  * `connections` counts the clients still connected.
  */
 export async function silentPort(): Promise<{ port: number; readonly connections: number; close(): Promise<void> }> {
-  const sockets = new Set<import('node:net').Socket>();
+  const sockets = new Set<Socket>();
   const server = createServer((socket) => {
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => undefined);
     socket.resume(); // reads (and ignores) what the client sends, so its close is seen
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', resolve);
-  });
-  const address = server.address();
-  if (typeof address !== 'object' || !address) throw new Error('no port');
+  const port = await listenOnLoopback(server);
   return {
-    port: address.port,
+    port,
     get connections() {
       return sockets.size;
     },
-    close: async () => {
-      for (const socket of sockets) socket.destroy();
-      await new Promise((resolve) => server.close(resolve));
-    },
+    close: () => closeServer(server, sockets),
   };
 }
 
@@ -226,18 +218,27 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
       if (!holding) downstream.write(d);
     });
   });
+  const port = await listenOnLoopback(server);
+  return {
+    port,
+    hold: () => void (holding = true),
+    close: () => closeServer(server, sockets),
+  };
+}
+
+/** Listens on a free loopback port; resolves to that port. */
+async function listenOnLoopback(server: Server): Promise<number> {
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(0, '127.0.0.1', resolve);
   });
   const address = server.address();
   if (typeof address !== 'object' || !address) throw new Error('no port');
-  return {
-    port: address.port,
-    hold: () => void (holding = true),
-    close: async () => {
-      for (const socket of sockets) socket.destroy();
-      await new Promise((resolve) => server.close(resolve));
-    },
-  };
+  return address.port;
+}
+
+/** Destroys the server's open sockets, then closes it. */
+async function closeServer(server: Server, sockets: Set<Socket>): Promise<void> {
+  for (const socket of sockets) socket.destroy();
+  await new Promise((resolve) => server.close(resolve));
 }
