@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockLostError } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, tcpProxy } from '../support/redis-server.js';
 import { aborted, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 const LEASE = 600; // renewed every 200 ms
@@ -170,5 +170,51 @@ describe('Redis failures mid-hold', () => {
     const again = await app.locks.acquire('frozen:1', { waitMs: 10_000 });
     await again.release();
     expect(await app.locks.isLocked('frozen:1')).toBe(false);
+  });
+});
+
+/**
+ * A network partition between one process and Redis, while Redis stays up for the others: the
+ * process reaches Redis through a proxy that stops passing anything either way.
+ */
+describe('a partition between the holder and Redis', () => {
+  let redis: RedisServer;
+  let link: Awaited<ReturnType<typeof tcpProxy>>;
+  let cutOff: LockApp;
+  let other: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    link = await tcpProxy(redis.port);
+    cutOff = await startLockApp({ redis: `redis://127.0.0.1:${link.port}`, leaseMs: LEASE });
+    other = await startLockApp({ redis: redis.url, leaseMs: LEASE });
+  });
+  afterAll(async () => {
+    await cutOff?.close();
+    await other?.close();
+    await link?.close();
+    await redis?.stop();
+  });
+
+  it('tells the cut-off holder by its local deadline, before another process can take the lock (Redis keeps it until its lease ends)', async () => {
+    const held = await cutOff.locks.acquire('partition:1');
+    const order: string[] = [];
+    const told = aborted(held.signal).then((reason) => {
+      order.push('holder told');
+      return reason;
+    });
+    link.hold('both');
+    // Refused while Redis still holds the holder's lease; woken by nothing (no release gets
+    // through), it retries when that lease ends.
+    const taken = other.locks.acquire('partition:1', { waitMs: 10_000 }).then((lock) => {
+      order.push('other process got it');
+      return lock;
+    });
+    const reason = (await told) as LockLostError;
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect(reason.reason).toBe('lease-expired');
+    const next = await taken;
+    expect(order).toEqual(['holder told', 'other process got it']);
+    expect(await redis.client().hget('lock:{partition:1}', next.owner)).toBe('1');
+    await next.release();
   });
 });

@@ -195,13 +195,14 @@ export function redisServerAvailable(): boolean {
 
 /**
  * A TCP proxy on a free loopback port to `targetPort`, for a link whose traffic a test must stall:
- * `hold()` stops passing on what the target sends (kept, never delivered) while the connection
- * stays open, as a congested or partitioned link looks to the other end. When the target closes a
- * connection, the proxy closes the other side too.
+ * `hold()` stops passing on what the target sends, `hold('both')` what either side sends (never
+ * delivered), while the connections stay open, as a congested or partitioned link looks to its
+ * ends. When the target closes a connection, the proxy closes the other side too.
  */
-export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(): void; close(): Promise<void> }> {
+export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(direction?: 'from-target' | 'both'): void; close(): Promise<void> }> {
   const sockets = new Set<Socket>();
   let holding = false;
+  let holdingBoth = false;
   const server = createServer((downstream) => {
     const upstream = connect(targetPort, '127.0.0.1');
     for (const s of [downstream, upstream]) {
@@ -213,7 +214,9 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
         upstream.destroy();
       });
     }
-    downstream.on('data', (d) => upstream.write(d));
+    downstream.on('data', (d) => {
+      if (!holdingBoth) upstream.write(d);
+    });
     upstream.on('data', (d) => {
       if (!holding) downstream.write(d);
     });
@@ -221,7 +224,10 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
   const port = await listenOnLoopback(server);
   return {
     port,
-    hold: () => void (holding = true),
+    hold: (direction = 'from-target') => {
+      holding = true;
+      holdingBoth = direction === 'both';
+    },
     close: () => closeServer(server, sockets),
   };
 }
