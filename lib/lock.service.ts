@@ -136,12 +136,18 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * const group = await locks.acquire([`account:${from}`, `account:${to}`]);
    */
   async acquire(keys: readonly string[], options?: LockOptions): Promise<LockGroup>;
-  async acquire(key: string | readonly string[], options?: LockOptions): Promise<LockHandle | LockGroup> {
-    const where = 'LockService.acquire()';
-    const o = resolveLockOptions(options, this.options, where);
-    if (typeof key !== 'string' && Array.isArray(key)) return this.takeGroup(canonicalKeys(key, where), o, this.contextFor(o), where);
-    assertLockKey(key, where);
-    return this.take(key as string, o, this.contextFor(o));
+  acquire(key: string | readonly string[], options?: LockOptions): Promise<LockHandle | LockGroup> {
+    // Not an async function: the promise of take() is returned as it is, without another layer
+    // (this runs on every acquisition); bad input still rejects rather than throws.
+    try {
+      const where = 'LockService.acquire()';
+      const o = resolveLockOptions(options, this.options, where);
+      if (typeof key !== 'string' && Array.isArray(key)) return this.takeGroup(canonicalKeys(key, where), o, this.contextFor(o), where);
+      assertLockKey(key, where);
+      return this.take(key as string, o, this.contextFor(o));
+    } catch (error) {
+      return Promise.reject(error);
+    }
   }
 
   /**
