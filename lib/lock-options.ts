@@ -76,13 +76,8 @@ export interface LockModuleOptions {
 export interface ReplicationOptions {
   /** How many replicas must acknowledge each step. At least 1. */
   replicas: number;
-  /** How long to wait for them, in ms. Default 100. `WAIT` blocks the connection it runs on meanwhile. */
+  /** How long to wait for them, in ms. Default 100. `WAIT` blocks the lock connection meanwhile. */
   timeoutMs?: number;
-  /**
-   * How many connections lock steps use, each step and its `WAIT` on one of them, so that many
-   * steps can wait for replicas at once (default 4; opened as needed, closed at shutdown).
-   */
-  connections?: number;
   /**
    * What to do with an acquisition fewer replicas acknowledged in time: `'rollback'` (default)
    * gives it back and rejects with `LockReplicationError`; `'keep'` keeps it and logs a warning.
@@ -284,7 +279,7 @@ function replicationOption(value: unknown, where: string): Required<ReplicationO
     throw new LockConfigurationError(name, `${where}: replication must be an object like { replicas: 1, timeoutMs: 100 }; got ${describe(value)}.`);
   }
   const o = value as Record<string, unknown>;
-  rejectUnknown(o, ['replicas', 'timeoutMs', 'onUnconfirmedAcquire', 'connections'], `${where}: replication`);
+  rejectUnknown(o, ['replicas', 'timeoutMs', 'onUnconfirmedAcquire'], `${where}: replication`);
   if (typeof o.replicas !== 'number' || !Number.isInteger(o.replicas) || o.replicas < 1 || o.replicas > 100) {
     throw new LockConfigurationError('replication.replicas', `${where}: replication.replicas must be a whole number of replicas from 1 to 100; got ${describe(o.replicas)}.`);
   }
@@ -292,15 +287,10 @@ function replicationOption(value: unknown, where: string): Required<ReplicationO
   if (onUnconfirmedAcquire !== 'rollback' && onUnconfirmedAcquire !== 'keep') {
     throw new LockConfigurationError('replication.onUnconfirmedAcquire', `${where}: replication.onUnconfirmedAcquire must be 'rollback' or 'keep'; got ${describe(o.onUnconfirmedAcquire)}.`);
   }
-  const connections = o.connections ?? 4;
-  if (typeof connections !== 'number' || !Number.isInteger(connections) || connections < 1 || connections > 64) {
-    throw new LockConfigurationError('replication.connections', `${where}: replication.connections must be a whole number of connections from 1 to 64; got ${describe(o.connections)}.`);
-  }
   return {
     replicas: o.replicas,
     timeoutMs: duration(o.timeoutMs, 'replication.timeoutMs', where, { min: 1, fallback: 100 }),
     onUnconfirmedAcquire,
-    connections,
   };
 }
 

@@ -83,28 +83,6 @@ describe('replica confirmation (WAIT)', () => {
     }
   });
 
-  it('waits for replicas on up to replication.connections connections at once, and closes them at shutdown', async () => {
-    // No replica: every WAIT runs its whole timeout, so the steps waiting at once can be counted.
-    const probe = lonely.client();
-    const clients = async () => String(await probe.client('LIST')).trim().split('\n');
-    const inWait = async () => (await clients()).filter((line) => / cmd=wait /.test(line)).length;
-    const withoutApp = (await clients()).length;
-    const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 1_500, onUnconfirmedAcquire: 'keep', connections: 2 } });
-    try {
-      const before = (await clients()).length;
-      const acquisitions = ['r:pool:1', 'r:pool:2', 'r:pool:3'].map((key) => app.locks.acquire(key));
-      await until(async () => (await inWait()) === 2, 1_400, 'two acquisitions never waited for replicas at once');
-      // Two connections: the third step queues behind one of them.
-      expect(await inWait()).toBe(2);
-      const locks = await Promise.all(acquisitions);
-      expect((await clients()).length).toBe(before + 1);
-      await Promise.all(locks.map((l) => l.release()));
-    } finally {
-      await app.close();
-    }
-    await until(async () => (await clients()).length === withoutApp, 5_000, 'the step connections stayed open after shutdown');
-  });
-
   it('detects a server that refuses WAIT once, warns once, and locks without it', async () => {
     const app = await startLockApp({ redis: refusing.url, replication: { replicas: 1, timeoutMs: 50 } });
     try {

@@ -42,13 +42,6 @@ const scripts = {
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
 const RENEW_BATCH = 500;
 
-/** QUIT (answers to commands already sent still arrive), or, when the server is not there or does not answer within 1 s, drop the connection. */
-async function closeConnection(client: RedisClient): Promise<void> {
-  // QUIT queues behind unanswered commands; when the server is not there, drop them instead.
-  if (client.status !== 'ready') client.disconnect();
-  else await withTimeout(client.quit(), 1_000, () => new Error('quit timed out')).catch(() => client.disconnect());
-}
-
 /** A single server (or a Sentinel-managed master) or a Redis Cluster. */
 export type RedisClient = Redis | Cluster;
 
@@ -81,12 +74,6 @@ export class RedisLockStore implements LockStore {
   private publish: 'publish' | 'spublish' = 'publish';
   /** Set once the server refused `WAIT`: replica confirmation is then skipped. */
   private waitRefused = false;
-  /**
-   * With replica confirmation: the connections lock steps run on, each step and its WAIT on one
-   * (WAIT covers that connection's writes and blocks it meanwhile). The client first; duplicates
-   * of it are opened when every connection is busy, up to `replication.connections`.
-   */
-  private readonly stepConnections: { client: Redis; busy: number }[];
 
   constructor(
     private readonly client: RedisClient,
@@ -96,7 +83,6 @@ export class RedisLockStore implements LockStore {
     private readonly replication?: Required<ReplicationOptions>,
   ) {
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
-    this.stepConnections = [{ client: client as Redis, busy: 0 }];
     if (this.cluster) {
       const nodes = ((client as unknown as { startupNodes?: unknown[] }).startupNodes ?? []).map(describeNode);
       this.description = `redis cluster ${nodes.join(',')}`;
@@ -160,33 +146,28 @@ export class RedisLockStore implements LockStore {
     return [name, `${name}:queue`];
   }
 
-  acquire(request: AcquireRequest): Promise<AcquireResult> {
-    if (!this.replication) return this.acquireOn(this.client, request);
-    return this.onStepConnection((client) => this.acquireOn(client, request));
-  }
-
-  private async acquireOn(client: RedisClient, { key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId }: AcquireRequest): Promise<AcquireResult> {
+  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId }: AcquireRequest): Promise<AcquireResult> {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
     let r: number[];
     if (mode === 'read') {
-      r = (await scripts.acquireRead.run(client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
+      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
     } else if (mode === 'write') {
-      r = (await scripts.acquireWrite.run(client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
+      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
     } else if (fair) {
       const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
       r = (await scripts.acquireFair.run(
-        client,
+        this.client,
         [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
         [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
       )) as number[];
     } else {
-      r = (await scripts.acquire.run(client, [name, fence], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
+      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
     const holdCount = Number(r[1]);
-    if (this.replication) await this.confirmGrants(client, key, [{ key, holdCount }], owner, mode);
+    if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
   }
 
@@ -195,8 +176,8 @@ export class RedisLockStore implements LockStore {
    * (a re-entry changes no ownership), gives it back and throws LockReplicationError, or keeps it
    * with a warning (`onUnconfirmedAcquire: 'keep'`).
    */
-  private async confirmGrants(client: RedisClient, what: string, grants: { key: string; holdCount: number }[], owner: string, mode: LockMode): Promise<void> {
-    const acknowledged = await this.confirm(client);
+  private async confirmGrants(what: string, grants: { key: string; holdCount: number }[], owner: string, mode: LockMode): Promise<void> {
+    const acknowledged = await this.confirm();
     const { replicas, timeoutMs, onUnconfirmedAcquire } = this.replication!;
     if (acknowledged === undefined || acknowledged >= replicas) return;
     const fresh = grants.filter((g) => g.holdCount === 1);
@@ -210,14 +191,14 @@ export class RedisLockStore implements LockStore {
   }
 
   /**
-   * `WAIT replicas timeoutMs` on `client` (it covers every write that connection made so far).
-   * Undefined without replication, or once the server refused WAIT (some managed services do): that
-   * is logged once and replication is skipped from then on.
+   * `WAIT replicas timeoutMs` on the lock connection (it covers every write this connection made
+   * so far). Undefined without replication, or once the server refused WAIT (some managed services
+   * do): that is logged once and replication is skipped from then on.
    */
-  private async confirm(client: RedisClient): Promise<number | undefined> {
+  private async confirm(): Promise<number | undefined> {
     if (!this.replication || this.waitRefused) return undefined;
     try {
-      return Number(await (client as Redis).wait(this.replication.replicas, this.replication.timeoutMs));
+      return Number(await (this.client as Redis).wait(this.replication.replicas, this.replication.timeoutMs));
     } catch (error) {
       // A reply error (unknown or renamed command, no permission) is a refusal; a connection error is not.
       if (!(error instanceof Error) || error.name !== 'ReplyError') throw error;
@@ -228,70 +209,50 @@ export class RedisLockStore implements LockStore {
   }
 
   /** After a release or renewal: waits for the replicas, and only notes a shortfall (the master's state stands). */
-  private async confirmQuietly(client: RedisClient, what: string): Promise<void> {
-    const acknowledged = await this.confirm(client);
+  private async confirmQuietly(what: string): Promise<void> {
+    const acknowledged = await this.confirm();
     if (acknowledged !== undefined && acknowledged < this.replication!.replicas) {
       this.log.debug(`${what}: ${acknowledged} of ${this.replication!.replicas} replica(s) acknowledged within ${this.replication!.timeoutMs} ms`);
     }
   }
 
-  acquireMany(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult> {
-    if (!this.replication) return this.acquireManyOn(this.client, keys, owner, leaseMs);
-    return this.onStepConnection((client) => this.acquireManyOn(client, keys, owner, leaseMs));
-  }
-
-  private async acquireManyOn(client: RedisClient, keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult> {
+  async acquireMany(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult> {
     const names = keys.flatMap((key) => {
       const name = this.lockName(key);
       return [name, `${name}:fence`];
     });
-    const r = ((await scripts.acquireMany.run(client, names, [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as unknown[]).map(Number);
+    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
-    if (this.replication) await this.confirmGrants(client, keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
+    if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
     return { granted: true, grants };
   }
 
-  release(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<number> {
-    if (!this.replication) return this.releaseOn(this.client, key, owner, mode);
-    return this.onStepConnection((client) => this.releaseOn(client, key, owner, mode));
-  }
-
-  private async releaseOn(client: RedisClient, key: string, owner: string, mode: LockMode): Promise<number> {
+  async release(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<number> {
     const name = this.lockName(key);
     let left: number;
     if (mode === 'exclusive') {
-      const reply = await scripts.release.run(client, this.freeingKeys(name), [owner, name, this.publish]);
+      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish]);
       if (Array.isArray(reply)) {
         // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
         this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
         left = 0;
       } else left = Number(reply);
     } else {
-      left = Number(await scripts.releaseRw.run(client, [name], [holderField(owner, mode), name, this.publish]));
+      left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
     }
-    if (this.replication && left >= 0) await this.confirmQuietly(client, `release of "${key}"`);
+    if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
     return left;
   }
 
-  releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
-    if (!this.replication) return this.releaseAllOn(this.client, key, owner, mode);
-    return this.onStepConnection((client) => this.releaseAllOn(client, key, owner, mode));
-  }
-
-  private async releaseAllOn(client: RedisClient, key: string, owner: string, mode: LockMode): Promise<boolean> {
+  async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    const dropped = Number(await scripts.releaseAll.run(client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish])) === 1;
-    if (this.replication && dropped) await this.confirmQuietly(client, `release of "${key}"`);
+    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish])) === 1;
+    if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
     return dropped;
   }
 
-  renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    if (!this.replication) return this.renewOn(this.client, entries);
-    return this.onStepConnection((client) => this.renewOn(client, entries));
-  }
-
-  private async renewOn(client: RedisClient, entries: readonly RenewRequest[]): Promise<boolean[]> {
+  async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
     // One script call per batch; on a Cluster a batch holds keys of one slot only.
     const groups = new Map<number, number[]>();
     entries.forEach((e, i) => {
@@ -308,14 +269,14 @@ export class RedisLockStore implements LockStore {
         const keys = batch.map((j) => this.lockName(entries[j]!.key));
         const args = batch.flatMap((j) => [holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive'), entries[j]!.leaseMs]);
         calls.push(
-          scripts.renew.run(client, keys, args).then((reply) => {
+          scripts.renew.run(this.client, keys, args).then((reply) => {
             (reply as number[]).forEach((r, k) => (results[batch[k]!] = Number(r) === 1));
           }),
         );
       }
     }
     await Promise.all(calls);
-    if (this.replication) await this.confirmQuietly(client, `renewal of ${entries.length} lock(s)`);
+    if (this.replication) await this.confirmQuietly(`renewal of ${entries.length} lock(s)`);
     return results;
   }
 
@@ -352,31 +313,10 @@ export class RedisLockStore implements LockStore {
     this.channels.clear();
     this.subscriber?.disconnect();
     this.subscriber = undefined;
-    // The step connections opened for replica confirmation are ours, whoever gave the client.
-    await Promise.all(this.stepConnections.splice(1).map(({ client }) => closeConnection(client)));
-    if (this.ownsClient) await closeConnection(this.client);
-  }
-
-  /**
-   * Runs one lock step with replica confirmation on the least busy step connection, opening
-   * another (a duplicate of the client) when all are busy and fewer than `replication.connections`
-   * are open.
-   */
-  private async onStepConnection<T>(step: (client: RedisClient) => Promise<T>): Promise<T> {
-    let slot = this.stepConnections[0]!;
-    for (const s of this.stepConnections) if (s.busy < slot.busy) slot = s;
-    if (slot.busy > 0 && !this.closed && this.stepConnections.length < this.replication!.connections) {
-      const duplicate = (this.client as Redis).duplicate({ disconnectTimeout: 100 });
-      // Its failures reach the step that used it; the client's own listener logs the connection's trouble.
-      duplicate.on('error', () => undefined);
-      slot = { client: duplicate, busy: 0 };
-      this.stepConnections.push(slot);
-    }
-    slot.busy++;
-    try {
-      return await step(slot.client);
-    } finally {
-      slot.busy--;
+    if (this.ownsClient) {
+      // QUIT queues behind unanswered commands; when the server is not there, drop them instead.
+      if (this.client.status !== 'ready') this.client.disconnect();
+      else await withTimeout(this.client.quit(), 1_000, () => new Error('quit timed out')).catch(() => this.client.disconnect());
     }
   }
 
