@@ -1,11 +1,10 @@
-import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Cluster } from 'ioredis';
 import { LockService } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { until } from '../support/redis-server.js';
-import { nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { elsewhere, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -15,7 +14,6 @@ describe('Redis Cluster', () => {
   let cluster: RedisCluster;
   let app: LockApp;
   let probe: Cluster;
-  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
 
   beforeAll(async () => {
     cluster = await RedisCluster.start(3);
@@ -143,7 +141,6 @@ describe('Redis Cluster', () => {
 describe('Redis Cluster: master failover', () => {
   let cluster: RedisCluster;
   let app: LockApp;
-  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
 
   beforeAll(async () => {
     cluster = await RedisCluster.start(3, 1);
@@ -166,7 +163,7 @@ describe('Redis Cluster: master failover', () => {
     await until(async () => (await onReplica()) === '1', 10_000, 'the replica never received the lock');
     const lost: string[] = [];
     const watching = app.locks.events$.subscribe((e) => void (e.type === 'lost' && lost.push(e.key)));
-    const { promoted } = await cluster.failover(slot);
+    const promoted = await cluster.failover(slot);
     // A renewal after the promotion reaches the new master and succeeds.
     await nextEvent(app.locks.events$, 'renewed', (e) => e.key === key, 20_000);
     expect(held.isHeld).toBe(true);

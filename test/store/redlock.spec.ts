@@ -1,9 +1,8 @@
-import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer } from '../support/redis-server.js';
-import { aborted, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redlock specifics over 3 independent servers started by the harness (the common behaviour runs
@@ -26,7 +25,6 @@ async function untilQuorum<T>(fn: () => Promise<T>): Promise<T> {
 describe('Redlock over 3 independent servers', () => {
   let nodes: RedisServer[];
   let app: LockApp;
-  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
   const holders = async (key: string) => (await Promise.all(nodes.map(async (n) => (n.running ? n.client().hkeys(`lock:{${key}}`) : [])))).flat();
 
   beforeAll(async () => {

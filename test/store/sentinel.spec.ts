@@ -1,9 +1,8 @@
-import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockLostError, LockReplicationError } from '../../lib/index.js';
 import { RedisSentinelSet } from '../support/redis-sentinel.js';
 import { until } from '../support/redis-server.js';
-import { aborted, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Sentinel: a master, a replica and 3 sentinels started by the harness. The lock module
@@ -14,7 +13,6 @@ import { aborted, nextEvent, startLockApp, type LockApp } from '../support/lock-
 describe('Redis Sentinel', () => {
   let set: RedisSentinelSet;
   let app: LockApp;
-  const elsewhere = <T>(fn: () => Promise<T>) => new AsyncResource('elsewhere').runInAsyncScope(fn);
 
   beforeAll(async () => {
     set = await RedisSentinelSet.start();

@@ -2,6 +2,7 @@ import type { LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
+import { AsyncResource } from 'node:async_hooks';
 import { until } from './redis-server.js';
 
 /** Collects what the library logs, so tests can assert on levels and messages. */
@@ -77,6 +78,11 @@ export function nextEvents<T extends LockEvent['type']>(events$: Observable<Lock
 export function aborted(signal: AbortSignal): Promise<unknown> {
   if (signal.aborted) return Promise.resolve(signal.reason);
   return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
+}
+
+/** Runs `fn` outside the caller's lock context (a fresh async scope): its locks get their own owner. */
+export function elsewhere<T>(fn: () => Promise<T>): Promise<T> {
+  return new AsyncResource('elsewhere').runInAsyncScope(fn);
 }
 
 /** A promise with its resolve function outside, for hand-made synchronisation points. */

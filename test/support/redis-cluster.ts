@@ -12,7 +12,7 @@ const run = promisify(execFile);
  * replica took its slots over.
  */
 export class RedisCluster {
-  private readonly clients: (Cluster | Redis)[] = [];
+  private readonly clients: Cluster[] = [];
 
   private constructor(readonly servers: RedisServer[]) {}
 
@@ -48,17 +48,10 @@ export class RedisCluster {
     return c;
   }
 
-  /** A plain connection to one node (for CLUSTER commands; one per node, reused), closed by `stop()`. */
+  /** A plain connection to one node (for CLUSTER commands: its shared inspection client, reused). */
   node(server: RedisServer): Redis {
-    let c = this.direct.get(server);
-    if (!c) {
-      c = server.client();
-      this.direct.set(server, c);
-      this.clients.push(c);
-    }
-    return c;
+    return server.shared();
   }
-  private readonly direct = new Map<RedisServer, Redis>();
 
   /** The node that serves `slot` now (as a running node sees it). */
   async ownerOf(slot: number): Promise<RedisServer> {
@@ -99,16 +92,16 @@ export class RedisCluster {
   }
 
   /**
-   * SIGKILLs the master serving `slot`; resolves once its replica serves the slot and every running
-   * node reports `cluster_state:ok` (the cluster's own failover: node timeout, vote, promotion).
+   * SIGKILLs the master serving `slot`; resolves to its replica once that serves the slot and every
+   * running node reports `cluster_state:ok` (the cluster's own failover: node timeout, vote, promotion).
    */
-  async failover(slot: number): Promise<{ old: RedisServer; promoted: RedisServer }> {
+  async failover(slot: number): Promise<RedisServer> {
     const old = await this.ownerOf(slot);
     const promoted = await this.replicaOf(old);
     await old.kill();
     await until(async () => (await this.ownerOf(slot)) === promoted, 30_000, `the replica ${promoted.port} never took slot ${slot} over`);
     await this.settled();
-    return { old, promoted };
+    return promoted;
   }
 
   async stop(): Promise<void> {
@@ -119,12 +112,7 @@ export class RedisCluster {
   /** Resolves once every node reports `cluster_state:ok`. */
   private async settled(): Promise<void> {
     for (const server of this.servers.filter((s) => s.running)) {
-      const c = server.client();
-      try {
-        await until(async () => String(await c.cluster('INFO')).includes('cluster_state:ok'), 10_000, `cluster on ${server.port} never became ok`);
-      } finally {
-        c.disconnect();
-      }
+      await until(async () => String(await this.node(server).cluster('INFO')).includes('cluster_state:ok'), 10_000, `cluster on ${server.port} never became ok`);
     }
   }
 }

@@ -97,16 +97,10 @@ export class RedisSentinelSet {
     await until(async () => /slave0:.*state=online/.test(String(await this.direct(this.master).info('replication'))), 30_000, 'the old master never rejoined as a replica');
   }
 
-  /** A plain connection to one data server (one per server, reused by polls), closed by `stop()`. */
+  /** A plain connection to one data server (its shared inspection client, reused by polls). */
   direct(server: RedisServer): Redis {
-    let c = this.directClients.get(server);
-    if (!c) {
-      c = server.client();
-      this.directClients.set(server, c);
-    }
-    return c;
+    return server.shared();
   }
-  private readonly directClients = new Map<RedisServer, Redis>();
 
   async stop(): Promise<void> {
     for (const c of this.sentinelClients.values()) c.disconnect();

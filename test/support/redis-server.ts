@@ -45,6 +45,13 @@ export class RedisServer {
     return this.child !== undefined;
   }
 
+  /** One client for the test's own inspection, made on first use and reused (by polls too), closed by `stop()`. */
+  shared(): Redis {
+    this.sharedClient ??= this.client();
+    return this.sharedClient;
+  }
+  private sharedClient: Redis | undefined;
+
   /** A client for the test's own inspection, closed by `stop()`. */
   client(): Redis {
     const c = new Redis(this.port, '127.0.0.1', { lazyConnect: false, maxRetriesPerRequest: 1, disconnectTimeout: 100 });

@@ -8,7 +8,6 @@ import { nextEvent, startLockApp, waitRegistered, type LockApp } from '../suppor
 
 const QUEUE_TIMEOUT = 1_000;
 
-
 /** How many scripts Redis has run since its statistics were last reset. */
 async function scriptCalls(raw: Redis): Promise<number> {
   const stats = String(await raw.info('commandstats'));
