@@ -351,7 +351,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
-        if (result.granted && (await this.givenBackIfStale(start, o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
+        if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
         if (result.granted) {
           const grants = result.grants;
           const handles = keys.map((key, i) => this.granted(key, context, o, { granted: true, ...grants[i]! }, start, started));
@@ -574,22 +574,29 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
-    // (The lease check comes first: it is false on almost every grant, and costs no promise.)
-    if (result.granted && now() >= start + o.leaseMs && (await this.givenBackIfStale(start, o, owner, [{ key, holdCount: result.holdCount }]))) {
+    if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
     }
     return { result, start };
   }
 
   /**
-   * A grant that came back after its own lease had run out (this process was paused, or its event
-   * loop blocked, while the reply waited): another owner may hold a key by now. Never hand out a
-   * lock that is already lost: when any key of the grant is fresh, give back what the attempt took
-   * (the fresh holds whole, one hold of each re-entry) and report true, so the caller tries again
-   * like a contended attempt. A stale re-entry alone is kept: it took no ownership.
+   * Whether a grant from an attempt started at `start` came back after its own lease had run out
+   * (this process was paused, or its event loop blocked, while the reply waited): another owner may
+   * hold a key by now. Checked before `givenBack`, so an ordinary grant costs no promise.
    */
-  private async givenBackIfStale(start: number, o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
-    if (now() < start + o.leaseMs || !grants.some((g) => g.holdCount === 1)) return false;
+  private leaseRanOut(start: number, o: ResolvedLockOptions): boolean {
+    return now() >= start + o.leaseMs;
+  }
+
+  /**
+   * For a grant whose lease ran out (see leaseRanOut): never hand out a lock that is already lost.
+   * When any key of the grant is fresh, give back what the attempt took (the fresh holds whole, one
+   * hold of each re-entry) and report true, so the caller tries again like a contended attempt. A
+   * stale re-entry alone is kept: it took no ownership.
+   */
+  private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
+    if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
       grants.map((g) => (g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode)).catch(() => undefined)),
     );
