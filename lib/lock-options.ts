@@ -76,7 +76,10 @@ export interface LockModuleOptions {
 export interface ReplicationOptions {
   /** How many replicas must acknowledge each step. At least 1. */
   replicas: number;
-  /** How long to wait for them, in ms. Default 100. `WAIT` blocks the lock connection meanwhile. */
+  /**
+   * How long to wait for them, in ms. Default 100. `WAIT` blocks the lock connection meanwhile;
+   * steps confirmed in the same turn of the event loop share one `WAIT`.
+   */
   timeoutMs?: number;
   /**
    * What to do with an acquisition fewer replicas acknowledged in time: `'rollback'` (default)

@@ -83,6 +83,32 @@ describe('replica confirmation (WAIT)', () => {
     }
   });
 
+  it('lets steps whose replies arrive together share one WAIT, so a replica that does not answer costs queued steps one more WAIT, not one each', async () => {
+    // No replica: every WAIT runs its whole timeout, and blocks the lock connection meanwhile.
+    const probe = lonely.client();
+    const waits = async () => Number(/cmdstat_wait:calls=(\d+)/.exec(String(await probe.info('commandstats')))?.[1] ?? 0);
+    const blockedInWait = async () => String(await probe.client('LIST')).split('\n').filter((line) => / cmd=wait /.test(line)).length;
+    const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 2_000, onUnconfirmedAcquire: 'keep' } });
+    try {
+      const before = await waits();
+      const first = app.locks.acquire('r:shared:0');
+      await until(async () => (await blockedInWait()) === 1, 1_800, 'the first acquisition never waited for replicas');
+      // Sent while that WAIT blocks the connection: Redis runs all 16 scripts when it returns and
+      // answers them together.
+      const queued = Array.from({ length: 16 }, (_, i) => app.locks.acquire(`r:shared:${i + 1}`));
+      const locks = await Promise.all([first, ...queued]);
+      // The first WAIT and one shared by the 16 (a third only if their replies were split across
+      // two reads); one WAIT per step would make it 17.
+      expect((await waits()) - before).toBeLessThanOrEqual(3);
+      expect(locks.map((l) => l.holdCount)).toEqual(new Array(17).fill(1));
+      for (const lock of locks) expect(await lonely.client().hget(`lock:{${lock.key}}`, lock.owner)).toBe('1');
+      await Promise.all(locks.map((l) => l.release()));
+      expect(await lonely.client().keys('lock:{r:shared:*}')).toEqual([]);
+    } finally {
+      await app.close();
+    }
+  });
+
   it('detects a server that refuses WAIT once, warns once, and locks without it', async () => {
     const app = await startLockApp({ redis: refusing.url, replication: { replicas: 1, timeoutMs: 50 } });
     try {

@@ -74,6 +74,8 @@ export class RedisLockStore implements LockStore {
   private publish: 'publish' | 'spublish' = 'publish';
   /** Set once the server refused `WAIT`: replica confirmation is then skipped. */
   private waitRefused = false;
+  /** The `WAIT` the steps confirmed in this turn of the event loop share (see confirm). */
+  private nextWait: Promise<number | undefined> | undefined;
 
   constructor(
     private readonly client: RedisClient,
@@ -191,11 +193,25 @@ export class RedisLockStore implements LockStore {
   }
 
   /**
-   * `WAIT replicas timeoutMs` on the lock connection (it covers every write this connection made
-   * so far). Undefined without replication, or once the server refused WAIT (some managed services
-   * do): that is logged once and replication is skipped from then on.
+   * Waits for the replicas to have every write this connection made so far, the caller's step
+   * included. Steps whose replies arrive in the same turn of the event loop share one
+   * `WAIT replicas timeoutMs`, sent once that turn's promise callbacks have run (a WAIT covers
+   * every earlier write of its connection, and blocks the connection until it returns). Undefined
+   * without replication, or once the server refused WAIT (some managed services do): that is
+   * logged once and replication is skipped from then on.
    */
-  private async confirm(): Promise<number | undefined> {
+  private confirm(): Promise<number | undefined> {
+    if (!this.replication || this.waitRefused) return Promise.resolve(undefined);
+    this.nextWait ??= new Promise<number | undefined>((resolve, reject) => {
+      process.nextTick(() => {
+        this.nextWait = undefined;
+        this.waitForReplicas().then(resolve, reject);
+      });
+    });
+    return this.nextWait;
+  }
+
+  private async waitForReplicas(): Promise<number | undefined> {
     if (!this.replication || this.waitRefused) return undefined;
     try {
       return Number(await (this.client as Redis).wait(this.replication.replicas, this.replication.timeoutMs));
