@@ -415,7 +415,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         const owned = !isRedisClient(connection);
         const client = owned ? this.connect(connection) : (connection as Redis);
         const store = new RedisLockStore(client as Redis, owned, keyPrefix, log);
-        return { name: store.description.replace(/^redis /, ''), store, connected: () => client.status === 'ready' };
+        return { name: store.description.replace(/^redis /, ''), store };
       });
       return new RedlockStore(nodes, redlock.driftFactor);
     }

@@ -8,8 +8,6 @@ export interface RedlockNode {
   /** `host:port`, for messages and votes. */
   name: string;
   store: RedisLockStore;
-  /** Whether its connection is up right now (a watch is placed on a node that is). */
-  connected(): boolean;
 }
 
 type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
@@ -31,6 +29,10 @@ const STEP_TIMEOUT_MS = 1_000;
  * - renew: a lock stays held while a quorum renews it; when a majority said no it is lost; when
  *   too few answered the renewal is retried (the local deadline still ends it);
  * - release and force-unlock go to every node; inspect reports what a quorum agrees on.
+ *
+ * Every step returns as soon as the answers so far decide it (see `gather`): a node that is down
+ * or frozen costs a step nothing while the others make up a quorum, instead of its whole timeout.
+ * Its commands stay queued on its connection, in order, and run if it comes back.
  *
  * Fencing tokens are not issued: counters on independent masters cannot be made monotonic
  * together (a token is NaN, and `LockHandle.fencingToken` throws). Fair mode is refused.
@@ -81,27 +83,33 @@ export class RedlockStore implements LockStore {
   async acquire(request: AcquireRequest): Promise<AcquireResult> {
     const { key, owner, leaseMs, mode = 'exclusive' } = request;
     const start = now();
-    const timeoutMs = nodeTimeout(leaseMs);
     const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false }));
-    const answers = await Promise.all(calls.map((call) => settle(call, timeoutMs)));
+    const answers = await gather(calls, nodeTimeout(leaseMs), (got, pending) => {
+      const granted = got.filter((a) => a?.ok && a.value.granted).length;
+      if (granted >= this.quorum) return true;
+      if (granted + pending >= this.quorum) return false;
+      // It cannot be granted any more; wait only where the others decide contended or unreachable.
+      return pending === 0 || granted + got.filter((a) => a?.ok && !a.value.granted).length >= this.quorum;
+    });
     const validity = leaseMs - (now() - start) - this.driftMs(leaseMs);
-    const grants = answers.flatMap((a) => (a.ok && a.value.granted ? [a.value] : []));
+    const grants = answers.flatMap((a) => (a?.ok && a.value.granted ? [a.value] : []));
     if (grants.length >= this.quorum && validity > 0) {
-      // A node restarted empty re-grants a re-entry as fresh: the largest hold count is ours.
+      // A node restarted empty re-grants a re-entry as fresh: the largest hold count is ours. Nodes
+      // that have not answered yet hold the lock for us too if they grant it.
       return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
     await Promise.all(
       calls.map((call, i) => {
-        const a = answers[i]!;
-        if (a.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
+        const a = answers[i];
+        if (a?.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
         void call.then((late) => (late.granted ? this.nodes[i]!.store.release(key, owner, mode) : undefined)).catch(() => undefined);
         return undefined;
       }),
     );
-    const refusals = answers.flatMap((a) => (a.ok && !a.value.granted ? [a.value] : []));
+    const refusals = answers.flatMap((a) => (a?.ok && !a.value.granted ? [a.value] : []));
     if (refusals.some((r) => r.upgrade)) return { granted: false, ttlMs: -1, upgrade: true };
-    if (grants.length + refusals.length < this.quorum) throw this.quorumError('acquire', key, answers.map((a) => (a.ok ? { ok: true, value: a.value.granted } : a)));
+    if (grants.length + refusals.length < this.quorum) throw this.quorumError('acquire', key, answers.map((a) => (a?.ok ? { ok: true, value: a.value.granted } : a)));
     // Held elsewhere: retry at the latest when the holder's longest lease ends (a release wakes us sooner).
     // A quorum that granted too late to be valid: retry at once.
     if (grants.length >= this.quorum) return { granted: false, ttlMs: 0 };
@@ -110,34 +118,44 @@ export class RedlockStore implements LockStore {
 
   async release(key: string, owner: string, mode?: LockMode): Promise<number> {
     const answers = await this.everyNode((s) => s.release(key, owner, mode), STEP_TIMEOUT_MS, 'release', key);
-    return Math.max(-1, ...answers.flatMap((a) => (a.ok ? [a.value] : [])));
+    return Math.max(-1, ...answers.flatMap((a) => (a?.ok ? [a.value] : [])));
   }
 
   async releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean> {
     const answers = await this.everyNode((s) => s.releaseAll(key, owner, mode), STEP_TIMEOUT_MS, 'release', key);
-    return answers.some((a) => a.ok && a.value);
+    return answers.some((a) => a?.ok && a.value);
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
     const timeoutMs = nodeTimeout(Math.min(...entries.map((e) => e.leaseMs)));
-    const answers = await Promise.all(this.nodes.map((n) => settle(n.store.renew(entries), timeoutMs)));
-    const results: boolean[] = [];
-    let undetermined = false;
-    entries.forEach((_, i) => {
-      const yes = answers.filter((a) => a.ok && a.value[i]).length;
-      const no = answers.filter((a) => a.ok && !a.value[i]).length;
-      if (yes >= this.quorum) results.push(true);
-      else if (this.nodes.length - no < this.quorum) results.push(false);
-      else undetermined = true;
-    });
+    // Per lock: true (a quorum renewed it), false (a majority said no), undefined (not decided yet).
+    const decide = (got: readonly (Answer<boolean[]> | undefined)[]) =>
+      entries.map((_, i) => {
+        const yes = got.filter((a) => a?.ok && a.value[i]).length;
+        const no = got.filter((a) => a?.ok && !a.value[i]).length;
+        return yes >= this.quorum ? true : this.nodes.length - no < this.quorum ? false : undefined;
+      });
+    const answers = await gather(
+      this.nodes.map((n) => n.store.renew(entries)),
+      timeoutMs,
+      (got, pending) => pending === 0 || decide(got).every((r) => r !== undefined),
+    );
+    const results = decide(answers);
     // Too few answers to tell: the watchdog retries until the lock's local deadline.
-    if (undetermined) throw this.quorumError('renewal', entries.length === 1 ? entries[0]!.key : `${entries.length} locks`, answers.map((a) => (a.ok ? { ok: true, value: true } : a)));
-    return results;
+    if (results.some((r) => r === undefined)) {
+      throw this.quorumError('renewal', entries.length === 1 ? entries[0]!.key : `${entries.length} locks`, answers.map((a) => (a?.ok ? { ok: true, value: true } : a)));
+    }
+    return results as boolean[];
   }
 
   async inspect(key: string, owner: string | undefined, mode?: LockMode): Promise<LockState> {
-    const answers = await this.everyNode((s) => s.inspect(key, owner, mode), STEP_TIMEOUT_MS, 'inspect', key);
-    const states = answers.flatMap((a) => (a.ok ? [a.value] : []));
+    const answers = await this.everyNode((s) => s.inspect(key, owner, mode), STEP_TIMEOUT_MS, 'inspect', key, (got) => {
+      // Decided once a quorum says locked, or too many say free for a quorum to be left.
+      const locked = got.filter((a) => a?.ok && a.value.locked).length;
+      const free = got.filter((a) => a?.ok && !a.value.locked).length;
+      return locked >= this.quorum || this.nodes.length - free < this.quorum;
+    });
+    const states = answers.flatMap((a) => (a?.ok ? [a.value] : []));
     const locked = states.filter((s) => s.locked);
     if (locked.length < this.quorum) return { locked: false, holdCount: 0, ttlMs: -2 };
     // Held until fewer than a quorum of its leases remain.
@@ -147,7 +165,7 @@ export class RedlockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     const answers = await this.everyNode((s) => s.forceUnlock(key), STEP_TIMEOUT_MS, 'forceUnlock', key);
-    return answers.some((a) => a.ok && a.value);
+    return answers.some((a) => a?.ok && a.value);
   }
 
   async abandon(key: string, owner: string, mode: LockMode): Promise<void> {
@@ -155,12 +173,13 @@ export class RedlockStore implements LockStore {
   }
 
   /**
-   * Releases are announced on every node; a waiter listens on one node that is up (a release it
-   * misses costs at most the holder's remaining lease, which the attempt reported).
+   * Releases are announced on every node; a waiter listens on the first node that confirms its
+   * subscription (see FirstReadyWatch), so a node that is down or frozen when the wait starts delays
+   * nobody. A release it misses (that node fails later) costs at most the holder's remaining lease,
+   * which the attempt reported.
    */
   watch(key: string, owner: string): ReleaseWatch {
-    const node = this.nodes.find((n) => n.connected()) ?? this.nodes[0]!;
-    return node.store.watch(key, owner);
+    return new FirstReadyWatch(this.nodes.map((n) => n.store.watch(key, owner)));
   }
 
   async close(): Promise<void> {
@@ -172,10 +191,20 @@ export class RedlockStore implements LockStore {
     return Math.ceil(leaseMs * this.driftFactor) + 2;
   }
 
-  /** Runs a step on every node; fails with LockQuorumError only when no node answered. */
-  private async everyNode<T>(step: (store: RedisLockStore) => Promise<T>, timeoutMs: number, operation: string, key: string): Promise<Answer<T>[]> {
-    const answers = await Promise.all(this.nodes.map((n) => settle(step(n.store), timeoutMs)));
-    if (answers.every((a) => !a.ok)) throw this.quorumError(operation, key, answers);
+  /**
+   * Runs a step on every node; returns once a quorum of nodes answered (or `decided` says the
+   * answers so far settle it), else once every node answered or timed out. Fails with
+   * LockQuorumError only when no node answered.
+   */
+  private async everyNode<T>(
+    step: (store: RedisLockStore) => Promise<T>,
+    timeoutMs: number,
+    operation: string,
+    key: string,
+    decided: (got: readonly (Answer<T> | undefined)[]) => boolean = (got) => got.filter((a) => a?.ok).length >= this.quorum,
+  ): Promise<(Answer<T> | undefined)[]> {
+    const answers = await gather(this.nodes.map((n) => step(n.store)), timeoutMs, (got, pending) => pending === 0 || decided(got));
+    if (answers.every((a) => !a?.ok)) throw this.quorumError(operation, key, answers);
     return answers;
   }
 
@@ -188,6 +217,77 @@ export class RedlockStore implements LockStore {
     });
     return new LockQuorumError(key, operation, votes, this.quorum);
   }
+}
+
+/**
+ * One waiter's watch of a key on the first node that confirms it: the waiter subscribes on every
+ * node, keeps the first whose subscription is confirmed, and leaves the others (a node that is down
+ * or frozen confirms nothing, so it is never the one a waiter depends on). Until one confirms, and
+ * should none ever do, the first node's watch is used: a missed release then costs the holder's
+ * remaining lease, as on any node. Fair mode, which relies on wait ids and grants, is refused on
+ * Redlock.
+ */
+class FirstReadyWatch implements ReleaseWatch {
+  readonly ready: Promise<void>;
+  private chosen: ReleaseWatch;
+  private closed = false;
+
+  constructor(private readonly watches: readonly ReleaseWatch[]) {
+    this.chosen = watches[0]!;
+    this.ready = Promise.race(watches.map((w) => w.ready.then(() => w))).then((first) => {
+      this.chosen = first;
+      for (const w of watches) if (w !== first) w.close();
+    });
+  }
+
+  get waitId(): string {
+    return this.chosen.waitId;
+  }
+
+  sleep(timeoutMs: number, signal?: AbortSignal): Promise<'released' | 'timeout' | 'aborted' | 'granted'> {
+    return this.chosen.sleep(timeoutMs, signal);
+  }
+
+  forgetGrant(lastToken?: number): void {
+    this.chosen.forgetGrant(lastToken);
+  }
+
+  close(passWake?: boolean): void {
+    if (this.closed) return;
+    this.closed = true;
+    // Closing a watch twice does nothing, so the ones left when the first confirmed may be closed again.
+    for (const w of this.watches) w.close(w === this.chosen && passWake);
+  }
+}
+
+/**
+ * Runs `calls` (one per node) and resolves with the answers so far as soon as `decided(answers,
+ * pending)` is true; it is asked after every answer, and is true at the latest when none is
+ * pending. A node that does not answer within `timeoutMs` counts as an error answer. A node still
+ * pending at the decision is left `undefined`; its call goes on, and its late outcome is the
+ * caller's to handle (its rejection is caught here).
+ */
+function gather<T>(
+  calls: readonly Promise<T>[],
+  timeoutMs: number,
+  decided: (answers: readonly (Answer<T> | undefined)[], pending: number) => boolean,
+): Promise<(Answer<T> | undefined)[]> {
+  const answers: (Answer<T> | undefined)[] = new Array(calls.length).fill(undefined);
+  let pending = calls.length;
+  return new Promise((resolve) => {
+    let done = false;
+    calls.forEach((call, i) => {
+      void settle(call, timeoutMs).then((answer) => {
+        if (done) return;
+        answers[i] = answer;
+        pending--;
+        if (decided(answers, pending)) {
+          done = true;
+          resolve([...answers]);
+        }
+      });
+    });
+  });
 }
 
 function settle<T>(promise: Promise<T>, timeoutMs: number): Promise<Answer<T>> {
