@@ -83,6 +83,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     this.store = this.createStore();
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
+      group: (lock) => this.store.renewalGroup?.(lock.key) ?? 0,
       renewed: (locks) => {
         if (!this.events.observed) return;
         for (const l of locks) this.emit({ type: 'renewed', key: l.key, owner: l.owner, leaseMs: l.leaseMs });

@@ -5,6 +5,8 @@ import { now } from '../internal/time.js';
 export interface WatchdogHooks {
   /** Renew these locks in the backend; one boolean per lock (false: no longer ours). */
   renew(locks: readonly HeldLock[]): Promise<boolean[]>;
+  /** Locks of different groups are renewed in separate calls that succeed or fail on their own (see `LockStore.renewalGroup`). */
+  group(lock: HeldLock): number;
   renewed(locks: readonly HeldLock[]): void;
   /** A lock passed its deadline (`lease-expired`) or the backend no longer lists its owner (`taken`). */
   lost(lock: HeldLock, reason: 'lease-expired' | 'taken'): void;
@@ -16,7 +18,9 @@ export interface WatchdogHooks {
  * Keeps held locks alive with ONE timer per LockService, never one per lock. The timer fires at
  * the earliest moment something is due: a renewal (every third of a lease) or a deadline (the end
  * of the last lease we know Redis granted). Every lock due within half a renewal period is renewed
- * in the same batch, so N locks cost about N / 500 script calls per period on one Redis.
+ * in the same batch, so N locks cost about N / 500 script calls per period on one Redis. A batch
+ * is split by the store's renewal group (the slot on a Redis Cluster): each group's renewal
+ * succeeds or fails on its own, so a master that is down costs only the locks it serves.
  *
  * A failed renewal is retried (every tenth of the lease, at most every second) until the lock's
  * deadline passes on the monotonic clock; then the lock is lost. A fixed-lease lock is never
@@ -102,7 +106,18 @@ export class Watchdog {
   }
 
   private renew(due: HeldLock[], start: number): void {
-    for (const lock of due) lock.renewing = true;
+    const groups = new Map<number, HeldLock[]>();
+    for (const lock of due) {
+      lock.renewing = true;
+      const group = this.hooks.group(lock);
+      const locks = groups.get(group);
+      if (locks) locks.push(lock);
+      else groups.set(group, [lock]);
+    }
+    for (const locks of groups.values()) this.renewGroup(locks, start);
+  }
+
+  private renewGroup(due: HeldLock[], start: number): void {
     this.hooks.renew(due).then(
       (results) => {
         const renewed: HeldLock[] = [];

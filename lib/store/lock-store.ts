@@ -32,6 +32,13 @@ export interface LockStore {
   /** Sets the lease of each entry to its `leaseMs` if its owner still holds it. One boolean per entry, in order. */
   renew(entries: readonly RenewRequest[]): Promise<boolean[]>;
 
+  /**
+   * Which renewals can share one `renew()` call and its fate (default: all of them). A Redis
+   * Cluster store answers the key's slot, so that a master that is down fails the renewals of its
+   * own slots only, never those of locks on the masters that answer.
+   */
+  renewalGroup?(key: string): number;
+
   /** The lock's state; `holdCount` is `owner`'s in `mode` (0 without an owner). */
   inspect(key: string, owner: string | undefined, mode?: LockMode): Promise<LockState>;
 

@@ -1,10 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Cluster } from 'ioredis';
-import { LockService } from '../../lib/index.js';
+import { filter } from 'rxjs';
+import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { until } from '../support/redis-server.js';
-import { elsewhere, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -179,4 +180,47 @@ describe('Redis Cluster: master failover', () => {
     watching.unsubscribe();
     expect(lost).toEqual([]);
   }, 90_000);
+});
+
+/**
+ * A master down for good (no replica to promote), on a cluster that keeps serving the slots it
+ * still covers (`cluster-require-full-coverage no`): locks on the other masters must not suffer.
+ */
+describe('Redis Cluster: a master down, the others serving', () => {
+  let cluster: RedisCluster;
+  let app: LockApp;
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start(3, 0, ['--cluster-require-full-coverage', 'no']);
+    app = await startLockApp({ redis: { cluster: cluster.nodes }, leaseMs: 1_500, waitMs: 5_000 });
+  }, 60_000);
+  afterAll(async () => {
+    await app?.close();
+    await cluster?.stop();
+  });
+
+  it('keeps renewing locks on the masters that answer; only the locks of the dead master are lost', async () => {
+    const healthyKey = 'alive:0';
+    const healthyMaster = await cluster.ownerOf(keySlot(healthyKey));
+    let doomedKey = '';
+    for (let i = 0; !doomedKey; i++) if ((await cluster.ownerOf(keySlot(`doomed:${i}`))) !== healthyMaster) doomedKey = `doomed:${i}`;
+    const healthy = await app.locks.acquire(healthyKey);
+    const doomed = await app.locks.acquire(doomedKey);
+    const lost: string[] = [];
+    const watching = app.locks.events$.subscribe((e) => void (e.type === 'lost' && lost.push(e.key)));
+    try {
+      await (await cluster.ownerOf(keySlot(doomedKey))).kill();
+      // The dead master's lock is lost by its deadline ...
+      expect(((await aborted(doomed.signal)) as LockLostError).reason).toBe('lease-expired');
+      // ... while the other lock is renewed every half second, 6 more times: 2 leases past that.
+      await nextEvents(app.locks.events$.pipe(filter((e) => e.key === healthyKey)), 'renewed', 6, 10_000);
+      expect(healthy.isHeld).toBe(true);
+      expect(lost).toEqual([doomedKey]);
+      expect(await cluster.node(healthyMaster).hget(`lock:{${healthyKey}}`, healthy.owner)).toBe('1');
+    } finally {
+      watching.unsubscribe();
+    }
+    await healthy.release();
+    expect(await cluster.node(healthyMaster).exists(`lock:{${healthyKey}}`)).toBe(0);
+  }, 60_000);
 });

@@ -16,13 +16,14 @@ export class RedisCluster {
 
   private constructor(readonly servers: RedisServer[]) {}
 
-  static async start(masters = 3, replicas = 0): Promise<RedisCluster> {
+  /** `args`: more `redis-server` arguments for every node. */
+  static async start(masters = 3, replicas = 0, args: string[] = []): Promise<RedisCluster> {
     const servers: RedisServer[] = [];
     try {
       for (let i = 0; i < masters * (1 + replicas); i++) {
         const bus = await freePort();
         servers.push(
-          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000']),
+          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000', ...args]),
         );
       }
       const nodes = servers.map((s) => `127.0.0.1:${s.port}`);

@@ -268,11 +268,15 @@ export class RedisLockStore implements LockStore {
     return dropped;
   }
 
+  renewalGroup(key: string): number {
+    return this.cluster ? keySlot(key) : 0;
+  }
+
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
     // One script call per batch; on a Cluster a batch holds keys of one slot only.
     const groups = new Map<number, number[]>();
     entries.forEach((e, i) => {
-      const slot = this.cluster ? keySlot(e.key) : 0;
+      const slot = this.renewalGroup(e.key);
       const group = groups.get(slot);
       if (group) group.push(i);
       else groups.set(slot, [i]);
