@@ -1,5 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { Subject, type Observable } from 'rxjs';
@@ -40,7 +41,7 @@ import { RedlockStore } from './store/redlock/redlock.store.js';
 const MIN_ATTEMPT_MS = 1_000;
 /** See createStore(). */
 const OWNED_DISCONNECT_TIMEOUT_MS = 100;
-/** How long shutdown waits for Redis to take back the locks still held. */
+/** How long shutdown waits for Redis to take back the locks still held, and for acquisitions in progress to end. */
 const SHUTDOWN_RELEASE_MS = 2_000;
 
 /**
@@ -71,6 +72,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly plans = new WeakMap<LockedSpec, LockedPlan>();
   private readonly events = new Subject<LockEvent>();
   private closing: Promise<void> | undefined;
+  /**
+   * Aborted at shutdown: wakes every waiting acquisition, which then fails (see shutDown()). Each
+   * sleeping waiter listens to it, so it takes any number of listeners without Node's
+   * "possible EventTarget memory leak" warning (each listener goes when its sleep ends).
+   */
+  private readonly shutdown = unlimitedListeners(new AbortController());
+  /** Acquisitions in progress (an attempt in flight, or waiting), and who to tell when the last one has ended (shutdown waits for them). */
+  private acquiring = 0;
+  private lastAcquisitionEnded: (() => void) | undefined;
 
   /**
    * Everything that happens to locks of this service: acquired, reentered, released, contended,
@@ -337,7 +347,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (o.fair || o.mode !== 'exclusive') {
       throw new LockConfigurationError('keys', `${where}: multi-key locks are exclusive; fair and mode apply to one key at a time.`);
     }
-    if (this.closing) throw new LockBackendError('acquire', keys.join(', '), new Error('the lock module has shut down'));
+    if (this.closing) throw shutDown(keys.join(', '));
     const acquireMany = (this.store.groupsAtomically?.(keys) ?? true) ? this.store.acquireMany?.bind(this.store) : undefined;
     if (!acquireMany) return this.takeOneByOne(keys, o, context);
     o.signal?.throwIfAborted();
@@ -345,9 +355,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const deadline = started + o.waitMs;
     let watch: { key: string; on: ReleaseWatch } | undefined;
     let contended = false;
+    const signal = this.sleepSignal(o);
+    this.acquiring++;
     try {
       for (;;) {
         o.signal?.throwIfAborted();
+        if (this.closing) throw shutDown(keys.join(', '));
         const start = now();
         const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
@@ -355,6 +368,11 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
         if (result.granted) {
           const grants = result.grants;
+          if (this.closing) {
+            // Shutdown began while this attempt was in flight: give the grant back, fail like any acquisition now.
+            await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })));
+            throw shutDown(keys.join(', '));
+          }
           const handles = keys.map((key, i) => this.granted(key, context, o, { granted: true, ...grants[i]! }, start, started));
           return new LockGroup(handles, context, (c, fn) => this.runInContext(c, fn));
         }
@@ -376,11 +394,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: now() - started });
           throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'timeout');
         }
-        const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), o.signal);
+        const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), signal);
         if (how === 'aborted') o.signal?.throwIfAborted();
       }
     } finally {
       watch?.on.close();
+      this.acquisitionEnded();
     }
   }
 
@@ -455,69 +474,85 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   }
 
   private async take(key: string, o: ResolvedLockOptions, context: LockContext): Promise<LockHandle> {
-    if (this.closing) throw new LockBackendError('acquire', key, new Error('the lock module has shut down'));
+    if (this.closing) throw shutDown(key);
     if (o.fair && this.store.supportsFairMode === false) {
       throw new LockConfigurationError('fair', `fair mode keeps its queue on one Redis; it is not available with ${this.store.description}. Leave fair out.`);
     }
     o.signal?.throwIfAborted();
-    const started = now();
-    const deadline = started + o.waitMs;
-    let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
-    if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
-    if (attempt.result.upgrade) throw new LockUpgradeError(key);
-    const retryAfter = (r: AcquireResult) => (r.granted || r.ttlMs < 0 ? undefined : r.ttlMs);
-    this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
-    if (o.waitMs === 0) {
-      await this.abandon(key, context.owner, o);
-      throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'contended');
-    }
-    this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
-    const watch = this.store.watch(key, context.owner);
-    let woken = false;
-    let granted = false;
+    this.acquiring++;
     try {
-      await withTimeout(watch.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
-      for (;;) {
-        o.signal?.throwIfAborted();
-        attempt = await this.attempt(key, context.owner, o, deadline, watch.waitId);
-        if (attempt.result.granted) {
-          woken = false;
-          granted = true;
-          return this.granted(key, context, o, attempt.result, attempt.start, started);
-        }
-        watch.forgetGrant(attempt.result.lastToken);
-        woken = false;
-        const remaining = deadline - now();
-        if (remaining <= 0) {
-          this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: now() - started });
-          throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'timeout');
-        }
-        // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
-        // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
-        // A fair waiter, or a waiting writer, comes back before its place runs out.
-        // A fair waiter also comes back within half its handover lease, so a lock handed to it is
-        // never older than that when it gets the message (see handedOver).
-        const ttl = attempt.result.ttlMs;
-        let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
-        if (o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
-        if (o.fair) bound = Math.min(bound, this.handoverLeaseMs(o) / 2);
-        const how = await watch.sleep(bound, o.signal);
-        if (how === 'granted') {
-          const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);
-          if (handle) {
+      const started = now();
+      const deadline = started + o.waitMs;
+      let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
+      if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
+      if (attempt.result.upgrade) throw new LockUpgradeError(key);
+      const retryAfter = (r: AcquireResult) => (r.granted || r.ttlMs < 0 ? undefined : r.ttlMs);
+      this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
+      if (o.waitMs === 0) {
+        await this.abandon(key, context.owner, o);
+        throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'contended');
+      }
+      this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
+      const watch = this.store.watch(key, context.owner);
+      const signal = this.sleepSignal(o);
+      let woken = false;
+      let granted = false;
+      try {
+        await withTimeout(watch.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
+        for (;;) {
+          o.signal?.throwIfAborted();
+          if (this.closing) throw shutDown(key);
+          attempt = await this.attempt(key, context.owner, o, deadline, watch.waitId);
+          if (attempt.result.granted) {
+            woken = false;
             granted = true;
-            return handle;
+            return this.granted(key, context, o, attempt.result, attempt.start, started);
           }
-          continue;
+          watch.forgetGrant(attempt.result.lastToken);
+          woken = false;
+          const remaining = deadline - now();
+          if (remaining <= 0) {
+            this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: now() - started });
+            throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'timeout');
+          }
+          // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
+          // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
+          // A fair waiter, or a waiting writer, comes back before its place runs out.
+          // A fair waiter also comes back within half its handover lease, so a lock handed to it is
+          // never older than that when it gets the message (see handedOver).
+          const ttl = attempt.result.ttlMs;
+          let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
+          if (o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
+          if (o.fair) bound = Math.min(bound, this.handoverLeaseMs(o) / 2);
+          const how = await watch.sleep(bound, signal);
+          if (how === 'granted') {
+            const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);
+            if (handle) {
+              granted = true;
+              return handle;
+            }
+            continue;
+          }
+          if (how === 'aborted') o.signal?.throwIfAborted();
+          woken = how === 'released';
         }
-        if (how === 'aborted') o.signal?.throwIfAborted();
-        woken = how === 'released';
+      } finally {
+        watch.close(woken);
+        // A fair waiter that gives up leaves the queue, so nothing of it stays in Redis.
+        if (!granted) await this.abandon(key, context.owner, o);
       }
     } finally {
-      watch.close(woken);
-      // A fair waiter that gives up leaves the queue, so nothing of it stays in Redis.
-      if (!granted) await this.abandon(key, context.owner, o);
+      this.acquisitionEnded();
     }
+  }
+
+  /** What ends a waiter's sleep early: the caller's `signal`, and shutdown. */
+  private sleepSignal(o: ResolvedLockOptions): AbortSignal {
+    return o.signal ? AbortSignal.any([o.signal, this.shutdown.signal]) : this.shutdown.signal;
+  }
+
+  private acquisitionEnded(): void {
+    if (--this.acquiring === 0) this.lastAcquisitionEnded?.();
   }
 
   /** Fair mode: the lease a release hands this waiter the lock with (at most the queue timeout, so a crashed waiter stalls the queue no longer than its place would). */
@@ -631,6 +666,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     /** A fair handover: Redis holds the lock for this long from `leaseStart`, until the watchdog renews it to `o.leaseMs`. */
     handoverMs?: number,
   ): LockHandle {
+    if (this.closing) {
+      // Shutdown began while this attempt was in flight: give the grant back (sent before the
+      // connection closes, which waits for acquisitions in progress) and fail like any acquisition now.
+      void this.givenBack(o, context.owner, [{ key, holdCount: result.holdCount }]);
+      throw shutDown(key);
+    }
     const id = heldLockId(context.owner, key, o.mode);
     let lock = this.held.get(id);
     if (lock && result.holdCount > 1) {
@@ -784,8 +825,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private close(): Promise<void> {
     this.closing ??= (async () => {
       this.watchdog.stop();
+      // Waiters wake and fail with the shutdown error, leaving fair queues and waiting writers first;
+      // an attempt in flight that comes back granted gives its grant back (see granted()).
+      this.shutdown.abort();
+      const acquisitionsEnded = this.acquiring === 0 ? undefined : new Promise<void>((resolve) => (this.lastAcquisitionEnded = resolve));
       const releases = [...this.held.values()].map((lock) => this.markLost(lock, 'shutdown'));
-      await withTimeout(Promise.all(releases), SHUTDOWN_RELEASE_MS, () => new Error('timeout')).catch(() => undefined);
+      await withTimeout(Promise.all([...releases, acquisitionsEnded]), SHUTDOWN_RELEASE_MS, () => new Error('timeout')).catch(() => undefined);
       await this.store.close();
       this.events.complete();
     })();
@@ -811,6 +856,21 @@ export interface LockedPlan {
   policy: ContentionPolicy;
   minHoldMs: number;
   acquire: ResolvedLockOptions;
+}
+
+function unlimitedListeners(controller: AbortController): AbortController {
+  setMaxListeners(0, controller.signal);
+  return controller;
+}
+
+/** What an acquisition gets once the module has shut down (or while it shuts down, for a waiter). */
+function shutDown(key: string): LockBackendError {
+  return new LockBackendError(
+    'acquire',
+    key,
+    new Error('the lock module has shut down'),
+    `Cannot acquire "${key}": the lock module has shut down (the application is closing). Take locks only while the application runs.`,
+  );
 }
 
 class AttemptTimeout extends Error {

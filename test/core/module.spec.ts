@@ -11,7 +11,7 @@ import {
   type LockModuleOptions,
   type LockOptionsFactory,
 } from '../../lib/index.js';
-import { CapturingLogger } from '../support/lock-testing.js';
+import { CapturingLogger, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
 import { freePort, RedisServer, silentPort, until } from '../support/redis-server.js';
 
 describe('LockModule', () => {
@@ -186,6 +186,57 @@ describe('LockModule', () => {
     expect(await redis.client().exists('lock:{shutdown:1}')).toBe(0);
     expect(client.status).toBe('end');
     await expect(locks.acquire('shutdown:2')).rejects.toThrow(/the lock module has shut down/);
+  });
+
+  it('wakes waiting acquisitions at shutdown (one key, several keys): they fail at once and leave the fair queue and the waiting writers first', async () => {
+    const holder = await startLockApp({ redis: redis.url });
+    const waiter = await startLockApp({ redis: redis.url });
+    try {
+      const fairLock = await holder.locks.acquire('shutdown:fair', { fair: true });
+      const readLock = await holder.locks.readLock('shutdown:rw');
+      const groupLock = await holder.locks.acquire('shutdown:g1');
+      const contended = nextEvents(waiter.locks.events$, 'contended', 3);
+      const settled: string[] = [];
+      const waits = [
+        waiter.locks.acquire('shutdown:fair', { fair: true, waitMs: 60_000 }),
+        waiter.locks.writeLock('shutdown:rw', { waitMs: 60_000 }),
+        waiter.locks.acquire(['shutdown:g1', 'shutdown:g2'], { waitMs: 60_000 }),
+      ].map((p) => p.then(() => 'granted', (e: unknown) => (settled.push(String(e)), 'failed')));
+      const owners = new Map((await contended).map((e) => [e.key, e.owner]));
+      await waitRegistered(redis.client(), 'shutdown:fair', owners.get('shutdown:fair')!);
+      expect(await redis.client().zscore('lock:{shutdown:rw}:writers', owners.get('shutdown:rw')!)).not.toBeNull();
+      await waiter.close();
+      // Every wait had failed by the time close() returned, and left nothing behind in Redis.
+      expect(settled).toHaveLength(3);
+      for (const failure of settled) expect(failure).toMatch(/^LockBackendError: Cannot acquire ".*": the lock module has shut down/);
+      expect(await Promise.all(waits)).toEqual(['failed', 'failed', 'failed']);
+      expect(await redis.client().exists('lock:{shutdown:g2}')).toBe(0);
+      expect(await redis.client().exists('lock:{shutdown:fair}:queue', 'lock:{shutdown:fair}:queue:timeouts', 'lock:{shutdown:fair}:queue:leases', 'lock:{shutdown:rw}:writers')).toBe(0);
+      await fairLock.release();
+      await readLock.release();
+      await groupLock.release();
+    } finally {
+      await waiter.close();
+      await holder.close();
+    }
+  });
+
+  it('gives back a grant that arrives after shutdown began, and fails that acquisition like any other then', async () => {
+    const app = await startLockApp({ redis: redis.url });
+    try {
+      // Redis holds write commands for 300 ms: the attempt is in flight when close() starts.
+      await redis.client().client('PAUSE', 300, 'WRITE');
+      const acquiring = app.locks.acquire('shutdown:in-flight').then(
+        () => 'granted',
+        (e: unknown) => String(e),
+      );
+      await app.close();
+      expect(await acquiring).toMatch(/^LockBackendError: Cannot acquire "shutdown:in-flight": the lock module has shut down/);
+      // Given back before the connection closed: nobody holds it until its lease would have ended.
+      expect(await redis.client().exists('lock:{shutdown:in-flight}')).toBe(0);
+    } finally {
+      await app.close();
+    }
   });
 
   it('never closes a client the application passed in', async () => {

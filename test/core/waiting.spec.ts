@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
+import { Fixture } from '../support/children.js';
 import { RedisServer } from '../support/redis-server.js';
 import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
@@ -47,6 +48,18 @@ describe('waiting for a held lock', () => {
     expect(await scriptCalls(raw)).toBeLessThanOrEqual(4);
     await lock.release();
     expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
+  });
+
+  it('lets 40 acquisitions wait at once without a listener warning from Node', async () => {
+    // In a process of its own: Node prints its warnings to that process's stderr.
+    const crowd = new Fixture('crowd', [redis.url, 'crowd:1', '40']);
+    try {
+      await crowd.next('done');
+      await crowd.exited;
+      expect(crowd.stderr).not.toMatch(/Warning/);
+    } finally {
+      await crowd.stop();
+    }
   });
 
   it('gives up after waitMs with LockNotAcquiredError carrying the holder\'s remaining lease', async () => {
