@@ -58,19 +58,24 @@ async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => u
   }
 }
 
-/** Takes the lock when subscribed; releases it on complete, error or unsubscribe (a client that goes away). */
+/**
+ * Takes the lock when subscribed; releases it on complete, error or unsubscribe (a client that
+ * goes away). A subscriber that leaves while the lock is still awaited ends that wait at once.
+ */
 function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unknown, args: unknown[]): Observable<unknown> {
   return new Observable<unknown>((subscriber) => {
     let inner: Subscription | undefined;
     let finished = false;
     let handle: Held | undefined;
+    const unsubscribed = new AbortController();
     const finish = () => {
       if (finished) return;
       finished = true;
+      unsubscribed.abort();
       inner?.unsubscribe();
       if (handle) void leave(locks, spec, handle);
     };
-    enter(locks, spec, args).then(
+    enter(locks, spec, args, unsubscribed.signal).then(
       (taken) => {
         if (!taken) return subscriber.complete(); // skipped: nothing to emit
         handle = taken;
@@ -110,13 +115,14 @@ function holdWhileSubscribed(source: Observable<unknown>, release: () => Promise
 /** One lock, or the group of a multi-key lock. */
 type Held = LockHandle | LockGroup;
 
-/** Takes the lock per the contention policy; `undefined` when the call is skipped. */
-async function enter(locks: LockService, spec: LockedSpec, args: readonly unknown[]): Promise<Held | undefined> {
+/** Takes the lock per the contention policy; `undefined` when the call is skipped. `signal` ends a wait. */
+async function enter(locks: LockService, spec: LockedSpec, args: readonly unknown[], signal?: AbortSignal): Promise<Held | undefined> {
   const key = spec.keyOf(args);
   const plan = locks.lockedPlan(spec);
-  if (plan.policy !== 'skip') return locks.acquireResolved(key, plan.acquire, spec.where);
+  const acquire = signal ? { ...plan.acquire, signal } : plan.acquire;
+  if (plan.policy !== 'skip') return locks.acquireResolved(key, acquire, spec.where);
   try {
-    return await locks.acquireResolved(key, plan.acquire, spec.where);
+    return await locks.acquireResolved(key, acquire, spec.where);
   } catch (error) {
     if (!(error instanceof LockNotAcquiredError)) throw error;
     locks.noteSkipped(error.key, spec.where);

@@ -5,13 +5,14 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, Observable, Subject, toArray } from 'rxjs';
 import { Locked, LockConfigurationError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
-import { RedisServer } from '../support/redis-server.js';
+import { CapturingLogger, elsewhere, gate, nextEvent } from '../support/lock-testing.js';
+import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
 const feed = new Subject<number>();
 feeds.set('F1', feed);
 feeds.set('F2', new Subject<number>());
+feeds.set('F3', new Subject<number>());
 let onFeedSubscribed: (() => void) | undefined;
 let calls = 0;
 
@@ -52,6 +53,11 @@ class Ledger {
   @Locked('quick:<0>', { minHoldMs: 1_500, onContention: 'skip' })
   async quickJob(name: string) {
     return name;
+  }
+
+  @Locked('feed:<0>', { waitMs: 30_000 })
+  watchPatiently(name: string): Observable<number> {
+    return new Observable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
   }
 
   @Locked('feed:<0>')
@@ -171,6 +177,19 @@ describe('@Locked on provider methods called directly', () => {
     subscription.unsubscribe();
     await released;
     expect(await locks.isLocked('feed:F2')).toBe(false);
+  });
+
+  it("stops waiting for an Observable's lock when the subscriber unsubscribes before it was granted", async () => {
+    const waitState = () => (locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store.waitState;
+    const holder = await elsewhere(() => locks.acquire('feed:F3'));
+    const contended = nextEvent(locks.events$, 'contended', (e) => e.key === 'feed:F3');
+    const subscription = ledger.watchPatiently('F3').subscribe();
+    await contended;
+    expect(waitState().waiters).toBe(1); // waiting up to 30 s
+    subscription.unsubscribe();
+    await until(async () => waitState().waiters === 0, 5_000, 'the wait went on after its subscriber left');
+    await holder.release();
+    expect(await locks.isLocked('feed:F3')).toBe(false);
   });
 
   it('explains the missing LockService when the instance was not created by Nest', async () => {
