@@ -91,10 +91,21 @@ export class RedisSentinelSet {
     [this.master, this.replica] = [this.replica, old];
   }
 
-  /** Starts the old master again: the sentinels turn it into a replica of the new one. Resolves once it is in sync. */
+  /**
+   * Starts the old master again: the sentinels turn it into a replica of the new one. Resolves
+   * once it acknowledges writes: a write made now is confirmed by `WAIT 1` (what the lock module's
+   * replica confirmation asks), not only listed as online in the master's INFO, which a clean-clone
+   * CI run once saw before the replica answered a WAIT within 400 ms.
+   */
   async rejoin(): Promise<void> {
     await this.replica.launch();
-    await until(async () => /slave0:.*state=online/.test(String(await this.direct(this.master).info('replication'))), 30_000, 'the old master never rejoined as a replica');
+    const master = this.direct(this.master);
+    await until(async () => {
+      if (!/slave0:.*state=online/.test(String(await master.info('replication')))) return false;
+      await master.set('harness:rejoined', '1');
+      return Number(await master.wait(1, 200)) === 1;
+    }, 30_000, 'the old master never rejoined as a replica that acknowledges writes');
+    await master.del('harness:rejoined');
   }
 
   /** A plain connection to one data server (its shared inspection client, reused by polls). */
