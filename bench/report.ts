@@ -191,13 +191,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     }
     text += ' Left as is: the hold count, the fencing token and the wake-up announcement are what the lock promises (issues 1 and 4). Ratios also move with the machine: for the same code, back-to-back runs have given 0.67 to 0.93 x raw in scenario 1';
     // Each round runs every library once, back to back: the spread of one round's ratio shows the noise.
-    const spread = (rows: Record<string, Row> | undefined) => {
-      const ours = rows?.['nestjs-locked']?.runs as number[] | undefined;
-      const raw = rows?.raw?.runs as number[] | undefined;
-      if (!ours || !raw || ours.length !== raw.length) return undefined;
-      const ratios = ours.map((v, i) => v / raw[i]!);
-      return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}`;
-    };
+    const spread = (rows: Record<string, Row> | undefined) => spreadOf(rows?.['nestjs-locked']?.runs as number[] | undefined, rows?.raw?.runs as number[] | undefined);
     const s1 = spread(r.sequential);
     const s2 = spread(r.concurrent);
     text += s1 && s2 ? `, and within this run one round's ratio went from ${s1} (scenario 1) and ${s2} (scenario 2).` : '.';
@@ -226,14 +220,24 @@ function explainMisses(r: Results, e: Extras): string[] {
   }
   if (r.http && n(r.http.locked!.requestsPerSec) < 0.9 * n(r.http.manual!.requestsPerSec)) {
     const h = r.http;
+    const rounds = spreadOf(h.locked?.runs as number[] | undefined, h.manual?.runs as number[] | undefined);
     lines.push(
       '- **Scenario 4, @Locked against the hand-written lock.** ' +
         (h.service ? `LockService.run() inside the handler served ${x(h.service.requestsPerSec, h.manual!.requestsPerSec)} the hand-written lock's requests/s and @Locked ${x(h.locked!.requestsPerSec, h.manual!.requestsPerSec)}. ` : '') +
         'Profiling showed that most of the gap was the Nest interceptor @Locked used to apply to every handler (the LockInterceptor-only row: Nest wraps every call of a handler that has interceptors in rxjs, whatever the interceptor does); since 2026-11-23 @Locked gets the call site as an extra parameter instead (README, "How it is built"), which moved @Locked from 0.70 x to 0.86 x in a `BENCH_ONLY=4` run. ' +
-        'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.',
+        'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.' +
+        (rounds ? ` Within this run one round's ratio went from ${rounds}.` : '') +
+        ' Earlier full runs of 2026-11-23 read 0.92, 0.96, 1.07 and 0.88 x (met in three of them).',
     );
   }
   return lines;
+}
+
+/** The lowest and highest round-by-round ratio of `ours` to `base` ("0.71 to 1.16"); undefined when the rounds do not pair up. */
+function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
+  if (!ours || !base || ours.length !== base.length || ours.length === 0) return undefined;
+  const ratios = ours.map((v, i) => v / base[i]!);
+  return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}`;
 }
 
 function profileSection(e: Extras): string[] {
