@@ -98,7 +98,8 @@ describe('waiting for a held lock', () => {
     const abortedAt = performance.now();
     controller.abort(new Error('user went away'));
     await expect(waiting).rejects.toThrow('user went away');
-    expect(performance.now() - abortedAt).toBeLessThan(100);
+    // At once: well under a second, against the 60 s the wait would otherwise take.
+    expect(performance.now() - abortedAt).toBeLessThan(1_000);
     expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
     expect(await raw.keys('lock:{abort:1}*')).toEqual(expect.arrayContaining(['lock:{abort:1}']));
     expect(await raw.hgetall('lock:{abort:1}')).toEqual({ [holder.owner]: '1' });

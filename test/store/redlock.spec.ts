@@ -179,7 +179,8 @@ describe('Redlock over 3 independent servers', () => {
       const elapsed = performance.now() - started;
       expect((reason as LockLostError).reason).toBe('lease-expired');
       expect(elapsed).toBeGreaterThan(1_100);
-      expect(elapsed).toBeLessThan(1_700);
+      // Without the allowance it would be about 2000 ms, when the nodes let go.
+      expect(elapsed).toBeLessThan(1_900);
     } finally {
       await drifting.close();
     }
