@@ -70,6 +70,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly instanceId = randomBytes(9).toString('base64url');
   private contextCount = 0;
   private readonly plans = new WeakMap<LockedSpec, LockedPlan>();
+  /** `@Locked` methods already warned about returning an Observable they do not declare (once each). */
+  private readonly undeclaredObservables = new WeakSet<LockedSpec>();
   private readonly events = new Subject<LockEvent>();
   private closing: Promise<void> | undefined;
   /**
@@ -414,6 +416,18 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       throw error;
     }
     return new LockGroup(handles, context, (c, fn) => this.runInContext(c, fn));
+  }
+
+  /**
+   * @internal A `@Locked` method returned an Observable without declaring it: its lock was taken at
+   * the call, not on subscription. Warned once per method.
+   */
+  noteUndeclaredObservable(spec: LockedSpec): void {
+    if (this.undeclaredObservables.has(spec)) return;
+    this.undeclaredObservables.add(spec);
+    this.logger.warn(
+      `${spec.where} returned an Observable without declaring it: its lock was taken at the call and is held until that Observable is subscribed and ends (one never subscribed keeps the lock until shutdown). Declare its return type as Observable<...> (read through emitDecoratorMetadata; a subclass such as Subject is not recognised) so the lock is taken on subscription.`,
+    );
   }
 
   /** @internal A skipped `@Locked` call. */

@@ -50,7 +50,10 @@ async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => u
     throw error;
   }
   // An Observable from a method that did not declare it: hold the lock until it finishes.
-  if (isObservable(result)) return holdWhileSubscribed(result, () => leave(locks, spec, handle));
+  if (isObservable(result)) {
+    locks.noteUndeclaredObservable(spec);
+    return holdWhileSubscribed(result, () => leave(locks, spec, handle));
+  }
   try {
     return await result;
   } finally {

@@ -3,7 +3,7 @@ import { Injectable } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { firstValueFrom, Observable, Subject, toArray } from 'rxjs';
+import { firstValueFrom, isObservable, Observable, Subject, toArray } from 'rxjs';
 import { Locked, LockConfigurationError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { CapturingLogger, elsewhere, gate, nextEvent } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
@@ -13,6 +13,8 @@ const feed = new Subject<number>();
 feeds.set('F1', feed);
 feeds.set('F2', new Subject<number>());
 feeds.set('F3', new Subject<number>());
+feeds.set('F4', new Subject<number>());
+feeds.set('F5', new Subject<number>());
 let onFeedSubscribed: (() => void) | undefined;
 let calls = 0;
 
@@ -57,6 +59,12 @@ class Ledger {
 
   @Locked('feed:<0>', { waitMs: 30_000 })
   watchPatiently(name: string): Observable<number> {
+    return new Observable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
+  }
+
+  // No return type written: TypeScript records none, so @Locked cannot know an Observable comes back.
+  @Locked('feed:<0>')
+  watchUndeclared(name: string) {
     return new Observable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
   }
 
@@ -177,6 +185,29 @@ describe('@Locked on provider methods called directly', () => {
     subscription.unsubscribe();
     await released;
     expect(await locks.isLocked('feed:F2')).toBe(false);
+  });
+
+  it('holds the lock of an Observable the method does not declare from the call until it ends, and warns once per method', async () => {
+    const warnings = logger.at('warn').length;
+    const consume = async (name: string) => {
+      const call = ledger.watchUndeclared(name);
+      expect(call).toBeInstanceOf(Promise);
+      const source = (await call) as Observable<number>;
+      expect(isObservable(source)).toBe(true);
+      // Taken at the call, before anyone subscribed.
+      expect(await locks.isLocked(`feed:${name}`)).toBe(true);
+      const values = firstValueFrom(source.pipe(toArray()));
+      const released = nextEvent(locks.events$, 'released', (e) => e.key === `feed:${name}`);
+      feeds.get(name)!.next(7);
+      expect(await locks.isLocked(`feed:${name}`)).toBe(true);
+      feeds.get(name)!.complete();
+      expect(await values).toEqual([7]);
+      await released;
+      expect(await locks.isLocked(`feed:${name}`)).toBe(false);
+    };
+    await consume('F4');
+    await consume('F5');
+    expect(logger.at('warn').slice(warnings)).toEqual([expect.stringContaining('Ledger.watchUndeclared returned an Observable without declaring it')]);
   });
 
   it("stops waiting for an Observable's lock when the subscriber unsubscribes before it was granted", async () => {
