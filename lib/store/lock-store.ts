@@ -132,8 +132,10 @@ export interface LockState {
 
 /** A waiter's view of one key's releases. */
 export interface ReleaseWatch {
-  /** Resolves when releases of the key will be noticed. */
+  /** Resolves when releases of the key will be noticed, or when listening for them failed (see `listening`). */
   readonly ready: Promise<void>;
+  /** Resolves with `ready`: true when the release channel is listened to, false when subscribing failed (waits then end by their timeouts only). */
+  readonly listening: Promise<boolean>;
   /**
    * Sleeps until a release of the key wakes this waiter, `timeoutMs` passes, or `signal` aborts.
    * A release that happened since the previous sleep wakes it at once. `granted`: a fair release

@@ -16,14 +16,14 @@ export class ReleaseWaiters {
   private readonly idPrefix = randomBytes(6).toString('base64url');
   private waitCount = 0;
 
-  /** Joins the queue of `key` as `owner`. The caller must `close()` the returned watch. */
-  join(key: string, owner: string, ready: Promise<void>, onLeave?: () => void): ReleaseWatch {
+  /** Joins the queue of `key` as `owner`; `listening` as in ReleaseWatch. The caller must `close()` the returned watch. */
+  join(key: string, owner: string, listening: Promise<boolean>, onLeave?: () => void): ReleaseWatch {
     let queue = this.queues.get(key);
     if (!queue) {
       queue = { members: [], pendingWakes: 0 };
       this.queues.set(key, queue);
     }
-    const waiter = new Waiter(owner, `${this.idPrefix}.${++this.waitCount}`, queue, ready, () => {
+    const waiter = new Waiter(owner, `${this.idPrefix}.${++this.waitCount}`, queue, listening, () => {
       const q = queue!;
       const i = q.members.indexOf(waiter);
       if (i >= 0) q.members.splice(i, 1);
@@ -114,10 +114,14 @@ class Waiter implements ReleaseWatch {
     readonly owner: string,
     readonly waitId: string,
     private readonly queue: KeyQueue,
-    readonly ready: Promise<void>,
+    readonly listening: Promise<boolean>,
     private readonly leave: () => void,
     private readonly wakeNext: () => void,
-  ) {}
+  ) {
+    this.ready = listening.then(() => undefined);
+  }
+
+  readonly ready: Promise<void>;
 
   get asleep(): boolean {
     return this.settle !== undefined;

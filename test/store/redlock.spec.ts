@@ -3,6 +3,8 @@ import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
+import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 
 /**
  * Redlock specifics over 3 independent servers started by the harness (the common behaviour runs
@@ -194,5 +196,49 @@ describe('Redlock over 3 independent servers', () => {
     expect(lock.isHeld).toBe(false);
     const next = await elsewhere(() => app.locks.acquire('rl:forgotten', { waitMs: 0 }));
     await next.release();
+  });
+});
+
+/**
+ * Which node's watch a Redlock waiter keeps. The order in which nodes answer a SUBSCRIBE cannot be
+ * forced on real servers, so the node watches here are stand-ins whose outcomes the test settles
+ * in a chosen order.
+ */
+describe('FirstReadyWatch: the node watch a Redlock waiter keeps', () => {
+  const standIn = (name: string) => {
+    let settle!: (ok: boolean) => void;
+    const listening = new Promise<boolean>((resolve) => (settle = resolve));
+    const closed: string[] = [];
+    const watch: ReleaseWatch = {
+      listening,
+      ready: listening.then(() => undefined),
+      waitId: name,
+      sleep: async () => 'timeout',
+      forgetGrant: () => undefined,
+      close: () => void closed.push(name),
+    };
+    return { watch, settle, closed };
+  };
+
+  it('passes over a node whose subscription failed first and keeps the first that listens', async () => {
+    const [failing, frozen, live] = [standIn('failing'), standIn('frozen'), standIn('live')];
+    const watch = new FirstReadyWatch([failing.watch, frozen.watch, live.watch]);
+    failing.settle(false);
+    await Promise.resolve();
+    live.settle(true);
+    await watch.ready;
+    expect(await watch.listening).toBe(true);
+    expect(watch.waitId).toBe('live');
+    expect([...failing.closed, ...frozen.closed, ...live.closed]).toEqual(['failing', 'frozen']);
+  });
+
+  it('reports not listening, and keeps the first node, when every subscription failed', async () => {
+    const nodes = [standIn('a'), standIn('b')];
+    const watch = new FirstReadyWatch(nodes.map((n) => n.watch));
+    for (const n of nodes) n.settle(false);
+    await watch.ready;
+    expect(await watch.listening).toBe(false);
+    expect(watch.waitId).toBe('a');
+    expect(nodes.flatMap((n) => n.closed)).toEqual(['b']);
   });
 });

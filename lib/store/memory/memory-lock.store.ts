@@ -142,7 +142,7 @@ export class MemoryLockStore implements LockStore {
   }
 
   watch(key: string, owner: string): ReleaseWatch {
-    return this.waiters.join(key, owner, Promise.resolve());
+    return this.waiters.join(key, owner, Promise.resolve(true));
   }
 
   /** Held locks and queued waiters, for tests. */

@@ -64,7 +64,7 @@ export class RedisLockStore implements LockStore {
   readonly description: string;
   private subscriber: RedisClient | undefined;
   private readonly waiters = new ReleaseWaiters();
-  private readonly channels = new Map<string, { key: string; refs: number; ready: Promise<void> }>();
+  private readonly channels = new Map<string, { key: string; refs: number; ready: Promise<boolean> }>();
   /** Channels whose last waiter left, to unsubscribe on the next turn of the event loop (see unwatch). */
   private readonly unsubscribeSoon = new Set<string>();
   private unsubscribeScheduled = false;
@@ -385,16 +385,19 @@ export class RedisLockStore implements LockStore {
   }
 
   /**
-   * Subscribes to one release channel. Never rejects: if the subscription fails, waiters still wake
-   * when the holder's lease ends (the acquire attempt reports it), only later.
+   * Subscribes to one release channel; true once subscribed. Never rejects: if the subscription
+   * fails (false), waiters still wake when the holder's lease ends (the acquire attempt reports
+   * it), only later.
    */
-  private async subscribe(channel: string): Promise<void> {
+  private async subscribe(channel: string): Promise<boolean> {
     try {
       const sub = this.getSubscriber();
       if (this.publish === 'spublish') await sub.ssubscribe(channel);
       else await sub.subscribe(channel);
+      return true;
     } catch (e) {
       if (!this.closed) this.log.warn(`could not subscribe to release channel ${channel}; waiting falls back to lease-bounded retries: ${String(e)}`);
+      return false;
     }
   }
 

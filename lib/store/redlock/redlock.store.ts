@@ -222,21 +222,35 @@ export class RedlockStore implements LockStore {
 /**
  * One waiter's watch of a key on the first node that confirms it: the waiter subscribes on every
  * node, keeps the first whose subscription is confirmed, and leaves the others (a node that is down
- * or frozen confirms nothing, so it is never the one a waiter depends on). Until one confirms, and
+ * or frozen confirms nothing, and one whose subscription failed does not count, so neither is the
+ * one a waiter depends on). @internal, exported for its test. Until one confirms, and
  * should none ever do, the first node's watch is used: a missed release then costs the holder's
  * remaining lease, as on any node. Fair mode, which relies on wait ids and grants, is refused on
  * Redlock.
  */
-class FirstReadyWatch implements ReleaseWatch {
+export class FirstReadyWatch implements ReleaseWatch {
   readonly ready: Promise<void>;
+  readonly listening: Promise<boolean>;
   private chosen: ReleaseWatch;
   private closed = false;
 
   constructor(private readonly watches: readonly ReleaseWatch[]) {
     this.chosen = watches[0]!;
-    this.ready = Promise.race(watches.map((w) => w.ready.then(() => w))).then((first) => {
-      this.chosen = first;
-      for (const w of watches) if (w !== first) w.close();
+    // The first watch that listens; a node whose subscription failed is passed over (its failure
+    // can come back before the others' confirmations). Undefined once every one failed.
+    const first = new Promise<ReleaseWatch | undefined>((resolve) => {
+      let failed = 0;
+      for (const w of watches) {
+        void w.listening.then((ok) => {
+          if (ok) resolve(w);
+          else if (++failed === watches.length) resolve(undefined);
+        });
+      }
+    });
+    this.listening = first.then((w) => w !== undefined);
+    this.ready = first.then((w) => {
+      if (w) this.chosen = w;
+      for (const other of watches) if (other !== this.chosen) other.close();
     });
   }
 
