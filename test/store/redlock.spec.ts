@@ -111,7 +111,15 @@ describe('Redlock over 3 independent servers', () => {
       // Released after the waiter has had time to subscribe and sleep; listening on the frozen node,
       // it would hear nothing and wait out its 30 s.
       const subscribers = async (n: RedisServer) => Number(((await n.client().pubsub('NUMSUB', 'lock:{rl:wake}')) as unknown[])[1]);
-      await until(async () => (await subscribers(nodes[1]!)) + (await subscribers(nodes[2]!)) === 1, 5_000, 'the waiter never kept one subscription on a live node');
+      let seen = '';
+      await until(async () => {
+        const [second, third] = [await subscribers(nodes[1]!), await subscribers(nodes[2]!)];
+        seen = `${second} on the second node, ${third} on the third`;
+        return second + third === 1;
+      }, 5_000, 'the waiter never kept one subscription on a live node').catch((error: unknown) => {
+        // Says which way it failed (none kept, or a closed watch still subscribed), should it ever.
+        throw new Error(`${(error as Error).message}; subscribers last seen: ${seen}`);
+      });
       const released = performance.now();
       await holder.release();
       const next = await waiting;
