@@ -223,10 +223,11 @@ export class RedlockStore implements LockStore {
  * One waiter's watch of a key on the first node that confirms it: the waiter subscribes on every
  * node, keeps the first whose subscription is confirmed, and leaves the others (a node that is down
  * or frozen confirms nothing, and one whose subscription failed does not count, so neither is the
- * one a waiter depends on). @internal, exported for its test. Until one confirms, and
- * should none ever do, the first node's watch is used: a missed release then costs the holder's
- * remaining lease, as on any node. Fair mode, which relies on wait ids and grants, is refused on
- * Redlock.
+ * one a waiter depends on). Until one confirms, and should none ever do, the first node's watch is
+ * used: a missed release then costs the holder's remaining lease, as on any node. Fair mode, which
+ * relies on wait ids and grants, is refused on Redlock.
+ *
+ * @internal Exported for its test only.
  */
 export class FirstReadyWatch implements ReleaseWatch {
   readonly ready: Promise<void>;
