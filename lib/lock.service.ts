@@ -430,6 +430,14 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     );
   }
 
+  /**
+   * @internal A `@Locked` handler's lock could not be had for want of Redis, and its transport
+   * answers "unavailable" (HTTP 503), which Nest's exception filters do not log: this logs the cause.
+   */
+  noteUnavailable(error: Error): void {
+    this.logger.error(error.message);
+  }
+
   /** @internal A skipped `@Locked` call. */
   noteSkipped(key: string, method: string): void {
     const owner = this.contexts.getStore()?.owner ?? '';

@@ -74,7 +74,7 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         return Promise.reject(error);
       }
       const result = invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
-      return site ? withLockErrorsTranslated(result, site.context, locks.settings.contendedHttpStatus) : result;
+      return site ? withLockErrorsTranslated(result, site.context, locks) : result;
     };
     // Whatever other decorators recorded on the method (route, @Cron, @MessagePattern, guards...)
     // stays visible on the wrapper, so @Locked may sit above or below them.

@@ -121,14 +121,15 @@ for (const platform of ['express', 'fastify'] as const) {
     let app: INestApplication;
     let url: string;
     let locks: LockService;
+    const logger = new CapturingLogger();
     beforeAll(async () => {
       redis = await RedisServer.start();
       @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true, waitMs: 300 }), ItemsModule] })
       class AppModule {}
       app =
         platform === 'express'
-          ? await NestFactory.create(AppModule, { logger: new CapturingLogger() })
-          : await NestFactory.create(AppModule, new FastifyAdapter(), { logger: new CapturingLogger() });
+          ? await NestFactory.create(AppModule, { logger })
+          : await NestFactory.create(AppModule, new FastifyAdapter(), { logger });
       await app.listen(0, '127.0.0.1');
       url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
       locks = app.get(LockService);
@@ -235,6 +236,27 @@ for (const platform of ['express', 'fastify'] as const) {
       await released;
       expect(await locks.isLocked('stream:s1')).toBe(false);
     });
+
+    it('answers 503 LOCK_UNAVAILABLE, and logs the cause, when Redis does not answer', async () => {
+      redis.pause(); // connections stay open, nothing answers: each attempt ends at its 1 s bound
+      try {
+        // The call-site path (a parameter) and both sides of the route decorator without parameters.
+        const responses = await Promise.all(['1', 'all/above', 'all/below'].map((path) => fetch(`${url}/items/${path}`)));
+        for (const [i, res] of responses.entries()) {
+          const key = i === 0 ? 'item:1' : 'items:all';
+          expect(res.status).toBe(503);
+          expect(res.headers.get('retry-after')).toBeNull();
+          const body = (await res.json()) as Record<string, unknown>;
+          expect(body).toMatchObject({ statusCode: 503, error: 'Service Unavailable', code: 'LOCK_UNAVAILABLE', key });
+          // The body does not pass on the cause (which may name servers); the log has it.
+          expect(body.message).not.toMatch(/no answer/);
+          expect(logger.at('error').some((m) => m.includes(`"${key}"`) && m.includes('no answer within'))).toBe(true);
+        }
+      } finally {
+        redis.resume();
+      }
+      expect((await fetch(`${url}/items/1`)).status).toBe(200);
+    });
   });
 }
 
@@ -311,5 +333,58 @@ describe('LockInterceptor options and loss', () => {
     const res = await fetch(`${url}/jobs/2/long`, { method: 'POST' });
     expect(res.status).toBe(503);
     expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:2' } });
+  });
+});
+
+describe('503 LOCK_UNAVAILABLE from replica confirmation and the Redlock quorum', () => {
+  @Controller('reports')
+  class ReportsController {
+    @Post(':id')
+    @Locked('report:<0>', { onContention: 'fail' })
+    async build(@Param('id') id: string) {
+      return { id };
+    }
+  }
+  const servers: RedisServer[] = [];
+  const apps: INestApplication[] = [];
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    for (const server of servers) await server.stop();
+  });
+  async function serve(options: Parameters<typeof LockModule.forRoot>[0], logger: CapturingLogger): Promise<string> {
+    @Module({ imports: [LockModule.forRoot(options)], controllers: [ReportsController] })
+    class AppModule {}
+    const app = await NestFactory.create(AppModule, { logger });
+    apps.push(app);
+    await app.listen(0, '127.0.0.1');
+    return (await app.getUrl()).replace('[::1]', '127.0.0.1');
+  }
+
+  it('answers 503 when no replica confirms the grant (LockReplicationError), and logs why', async () => {
+    const master = await RedisServer.start(); // no replica: WAIT 1 always times out
+    servers.push(master);
+    const logger = new CapturingLogger();
+    const url = await serve({ redis: master.url, replication: { replicas: 1, timeoutMs: 50 } }, logger);
+    const res = await fetch(`${url}/reports/1`, { method: 'POST' });
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({ statusCode: 503, code: 'LOCK_UNAVAILABLE', key: 'report:1' });
+    expect(logger.at('error').some((m) => m.includes('0 of 1 required replica'))).toBe(true);
+    expect(await master.shared().exists('lock:{report:1}')).toBe(0); // the unconfirmed grant was given back
+  });
+
+  it('answers 503 when a majority of Redlock nodes does not answer (LockQuorumError), and logs the votes', async () => {
+    const nodes = await Promise.all([RedisServer.start(), RedisServer.start(), RedisServer.start()]);
+    servers.push(...nodes);
+    const logger = new CapturingLogger();
+    // A 2 s lease gives each node 200 ms to answer, well within the attempt's 1 s bound.
+    const url = await serve({ redlock: { clients: nodes.map((n) => n.url) }, leaseMs: 2_000 }, logger);
+    nodes[1]!.pause();
+    nodes[2]!.pause();
+    const res = await fetch(`${url}/reports/2`, { method: 'POST' });
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({ statusCode: 503, code: 'LOCK_UNAVAILABLE', key: 'report:2' });
+    expect(logger.at('error').some((m) => m.includes('needs 2 of 3 nodes'))).toBe(true);
+    nodes[1]!.resume();
+    nodes[2]!.resume();
   });
 });

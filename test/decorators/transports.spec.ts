@@ -120,6 +120,17 @@ describe('@Locked on microservice handlers (TCP)', () => {
     expect(await eventHandled.promise).toBe('order:6');
     await acquired;
   });
+
+  it('answers LOCK_UNAVAILABLE when Redis does not answer', async () => {
+    redis.pause();
+    try {
+      const failure = await firstValueFrom(client.send('order.reserve', { id: 10 })).catch((e: unknown) => e);
+      expect(failure).toMatchObject({ status: 'error', code: 'LOCK_UNAVAILABLE', key: 'order:10' });
+      expect(handled).not.toContain('reserve:10');
+    } finally {
+      redis.resume();
+    }
+  });
 });
 
 describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
@@ -170,5 +181,16 @@ describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
     socket.emit('rename', { doc: 'busy' });
     expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_NOT_ACQUIRED', key: 'doc:busy' });
     await holder.release();
+  });
+
+  it('answers LOCK_UNAVAILABLE with a WsException when Redis does not answer', async () => {
+    redis.pause();
+    try {
+      const exception = new Promise((resolve) => socket.once('exception', resolve));
+      socket.emit('edit', { doc: 'down' });
+      expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_UNAVAILABLE', key: 'doc:down' });
+    } finally {
+      redis.resume();
+    }
   });
 });
