@@ -58,7 +58,10 @@ class BenchModule {}
 const app = await NestFactory.create(BenchModule, { logger: false });
 await app.listen(0, '127.0.0.1');
 process.send!({ type: 'listening', url: (await app.getUrl()).replace('[::1]', '127.0.0.1') });
-process.once('message', async () => {
+// `cpu`: reply with this process's CPU time so far (bench:profile); anything else: stop.
+process.on('message', async (message: { type?: string }) => {
+  if (message?.type === 'cpu') return void process.send!({ type: 'cpu', usage: process.cpuUsage() });
+  process.removeAllListeners('message');
   await app.close();
   await redis.quit();
   process.disconnect();

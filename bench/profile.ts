@@ -5,9 +5,16 @@
 // - Redis commands per pair and Redis CPU microseconds per pair (INFO commandstats; INFO cpu),
 // for the raw limit, nestjs-locked, and `scripts`: nestjs-locked's own two Lua scripts sent by a
 // bare ioredis client (no LockService), which separates what Redis does from what Node does.
-// Interleaved over PROFILE_ROUNDS rounds (median kept). PROFILE_OUT=file writes the medians as JSON.
+// Interleaved over PROFILE_ROUNDS rounds (median kept). PROFILE_OUT=file writes the medians as JSON
+// (PROFILE_HTTP_OUT=file those of scenario 4).
 // PROFILE_CPU=1 also records a V8 CPU profile of nestjs-locked's runs (.tmp/bench-profile.cpuprofile,
 // open it in Chrome DevTools) and prints the functions with the most self time.
+// Scenario 4 (the HTTP endpoints of `npm run bench`, autocannon with 16 connections): requests/s,
+// and the CPU time per request of the app's process (process.cpuUsage, asked over IPC) and of Redis
+// (INFO cpu), which tells the decorator's own cost from the lock's cost in Redis.
+// PROFILE_SCENARIOS picks the parts (default `1,2,4`).
+import autocannon from 'autocannon';
+import { fork } from 'node:child_process';
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -24,6 +31,9 @@ const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
 type Kind = LockerKind | 'scripts';
 const KINDS = (process.env.PROFILE_KINDS ?? 'raw,scripts,nestjs-locked').split(',') as Kind[];
+const SCENARIOS = (process.env.PROFILE_SCENARIOS ?? '1,2,4').split(',').map(Number);
+const HTTP_ENDPOINTS = ['none', 'locked', 'manual', 'service'] as const;
+const HTTP_SECONDS = 3;
 let keySeq = 0;
 const freshKey = () => `profile:${++keySeq}`;
 
@@ -94,6 +104,47 @@ async function measure(kind: Kind, url: string, admin: Redis, workers: number, p
   };
 }
 
+interface HttpCost {
+  requestsPerSec: number;
+  appCpuUsPerRequest: number;
+  redisCpuUsPerRequest: number;
+}
+
+/** Scenario 4's endpoints, interleaved over ROUNDS rounds: requests/s and CPU per request of the app and of Redis. */
+async function profileHttp(url: string, admin: Redis): Promise<Record<string, HttpCost>> {
+  const child = fork(join(dirname(fileURLToPath(import.meta.url)), 'http-app.js'), [url], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const base = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
+  const appCpu = () =>
+    new Promise<number>((resolve) => {
+      child.once('message', (m: { usage: NodeJS.CpuUsage }) => resolve(m.usage.user + m.usage.system));
+      child.send({ type: 'cpu' });
+    });
+  const target = (endpoint: string) => ({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16 });
+  for (const endpoint of HTTP_ENDPOINTS) await autocannon({ ...target(endpoint), duration: 1 }); // warm-up
+  const runs = new Map<string, HttpCost[]>(HTTP_ENDPOINTS.map((e) => [e, []]));
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const endpoint of HTTP_ENDPOINTS.map((_, i) => HTTP_ENDPOINTS[(i + r) % HTTP_ENDPOINTS.length]!)) {
+      const [app0, redis0] = [await appCpu(), await redisCounters(admin)];
+      const result = await autocannon({ ...target(endpoint), duration: HTTP_SECONDS });
+      const [app1, redis1] = [await appCpu(), await redisCounters(admin)];
+      const requests = result.requests.total;
+      runs.get(endpoint)!.push({
+        requestsPerSec: round(result.requests.average, 0),
+        appCpuUsPerRequest: round((app1 - app0) / requests, 1),
+        redisCpuUsPerRequest: round((redis1.cpuUs - redis0.cpuUs) / requests, 1),
+      });
+    }
+  }
+  child.send({ type: 'stop' });
+  await new Promise((resolve) => child.once('exit', resolve));
+  const out: Record<string, HttpCost> = {};
+  for (const [endpoint, costs] of runs) {
+    const pick = (f: keyof HttpCost) => median(costs.map((c) => c[f]));
+    out[endpoint] = { requestsPerSec: pick('requestsPerSec'), appCpuUsPerRequest: pick('appCpuUsPerRequest'), redisCpuUsPerRequest: pick('redisCpuUsPerRequest') };
+  }
+  return out;
+}
+
 /** Self time per function of a V8 CPU profile, top `n`. */
 function topSelfTime(profile: { nodes: { id: number; callFrame: { functionName: string; url: string; lineNumber: number } }[]; samples: number[]; timeDeltas: number[] }, n: number) {
   const byId = new Map(profile.nodes.map((node) => [node.id, node]));
@@ -122,11 +173,13 @@ async function main() {
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
   }
   const out: Record<string, Record<string, Cost>> = {};
+  let http: Record<string, HttpCost> | undefined;
   try {
     for (const [scenario, workers, pairs] of [
       ['1 sequential', 1, 4_000],
       ['2 64 workers', 64, 12_800],
     ] as const) {
+      if (!SCENARIOS.includes(Number(scenario[0]))) continue;
       const runs = new Map<Kind, Cost[]>(KINDS.map((k) => [k, []]));
       for (let r = 0; r < ROUNDS; r++) {
         for (const kind of r % 2 ? [...KINDS].reverse() : KINDS) {
@@ -154,6 +207,7 @@ async function main() {
         };
       }
     }
+    if (SCENARIOS.includes(4)) http = await profileHttp(redis.url, admin);
   } finally {
     session?.disconnect();
     await admin.quit();
@@ -173,7 +227,15 @@ async function main() {
       );
     }
   }
+  if (http) {
+    console.log(`\n4 http (median of ${ROUNDS} interleaved rounds of ${HTTP_SECONDS} s, 16 connections)`);
+    console.log('endpoint'.padEnd(10), 'requests/s'.padStart(11), 'app CPU us/request'.padStart(19), 'Redis CPU us/request'.padStart(21));
+    for (const [endpoint, c] of Object.entries(http)) {
+      console.log(endpoint.padEnd(10), String(c.requestsPerSec).padStart(11), String(c.appCpuUsPerRequest).padStart(19), String(c.redisCpuUsPerRequest).padStart(21));
+    }
+  }
   if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify(out, null, 2) + '\n');
+  if (process.env.PROFILE_HTTP_OUT && http) writeFileSync(process.env.PROFILE_HTTP_OUT, JSON.stringify(http, null, 2) + '\n');
 }
 
 await main();

@@ -148,6 +148,8 @@ interface Extras {
   profile?: Record<string, Record<string, Cost>>;
   /** The same on the code before the profiling work (bench/results/profile-before.json). */
   profileBefore?: Record<string, Record<string, Cost>>;
+  /** Scenario 4 of `npm run bench:profile`: CPU per request of the app and of Redis (bench/results/profile-http.json). */
+  profileHttp?: Record<string, { requestsPerSec: number; appCpuUsPerRequest: number; redisCpuUsPerRequest: number }>;
   /** `npm run bench:instructions` (bench/results/redis-instructions.json). */
   instructions?: { pairs: number; instructionsPerPair: Record<string, number> };
 }
@@ -157,7 +159,7 @@ function readExtras(root: string): Extras {
     const path = join(root, 'bench', 'results', name);
     return existsSync(path) ? JSON.parse(readFileSync(path, 'utf8')) : undefined;
   };
-  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), instructions: read('redis-instructions.json') };
+  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), profileHttp: read('profile-http.json'), instructions: read('redis-instructions.json') };
 }
 
 
@@ -225,7 +227,9 @@ function explainMisses(r: Results, e: Extras): string[] {
       '- **Scenario 4, @Locked against the hand-written lock.** ' +
         (h.service ? `LockService.run() inside the handler served ${x(h.service.requestsPerSec, h.manual!.requestsPerSec)} the hand-written lock's requests/s and @Locked ${x(h.locked!.requestsPerSec, h.manual!.requestsPerSec)}. ` : '') +
         'Profiling showed that most of the gap was the Nest interceptor @Locked used to apply to every handler (the LockInterceptor-only row: Nest wraps every call of a handler that has interceptors in rxjs, whatever the interceptor does); since 2026-11-23 @Locked gets the call site as an extra parameter instead (README, "How it is built"), which moved @Locked from 0.70 x to 0.86 x in a `BENCH_ONLY=4` run. ' +
-        'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.' +
+        (e.profileHttp
+          ? `What is left is on the Redis side: in \`npm run bench:profile\` (scenario 4 there, CPU time per request) the app's process spends ${e.profileHttp.locked!.appCpuUsPerRequest} us on an @Locked request, ${e.profileHttp.manual!.appCpuUsPerRequest} us on a hand-written one and ${e.profileHttp.service!.appCpuUsPerRequest} us with LockService.run() (the decorator's pipeline, key template, context and call site, no longer shows), while Redis spends ${e.profileHttp.locked!.redisCpuUsPerRequest} us against ${e.profileHttp.manual!.redisCpuUsPerRequest} us: the cost of our scripts (scenarios 1 and 2), on the same 2 cores as the app.`
+          : 'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.') +
         (rounds ? ` Within this run one round's ratio went from ${rounds}.` : '') +
         ' Earlier full runs of 2026-11-23 read 0.92, 0.96, 1.07 and 0.88 x (met in three of them).',
     );
@@ -241,7 +245,7 @@ function spreadOf(ours: number[] | undefined, base: number[] | undefined): strin
 }
 
 function profileSection(e: Extras): string[] {
-  if (!e.profile && !e.instructions) return [];
+  if (!e.profile && !e.instructions && !e.profileHttp) return [];
   const out = ['## Where the time goes (profiling)', ''];
   if (e.instructions) {
     const i = e.instructions.instructionsPerPair;
@@ -274,6 +278,16 @@ function profileSection(e: Extras): string[] {
       '',
       'What changed after profiling (2026-11-23): the fencing counter takes one SET ... GET instead of GET + SET, a release reads the hold count with one HGET instead of HEXISTS + HINCRBY (14 to 12 Redis commands per pair, about 7 % fewer redis-server instructions), and LockService creates a lock\'s AbortController only when its signal is read and builds events only when someone subscribed. Scenario 4: @Locked handlers get their call site as an extra parameter instead of going through LockInterceptor (Nest\'s interceptor machinery measured 25 us per request), which moved @Locked from 0.70 x to 0.86 x the hand-written lock in a `BENCH_ONLY=4 npm run bench` run. Later the same day (after 1449cac): the scripts pass Redis no Lua numbers (Lua turns each into a string with sprintf; the fencing token is now joined from the digits of TIME, a lease or hold count passed as the string it came in as), and a release asks EXISTS once for the lock and its fair queue (12 to 11 commands per pair): 10 % fewer redis-server instructions per pair (the callgrind table). The before and now profiles are two runs minutes apart, not interleaved: compare each row with its own raw row.',
       '',
+      ...(e.profileHttp
+        ? [
+            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-11-23, medians of 7 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu).`,
+            '',
+            '| endpoint | requests/s | vs hand-written lock | app CPU us/request | Redis CPU us/request |',
+            '|---|---|---|---|---|',
+            ...Object.entries(e.profileHttp).map(([endpoint, c]) => `| ${HTTP_LABELS[endpoint] ?? endpoint} | ${fmt(c.requestsPerSec)} | ${x(c.requestsPerSec, e.profileHttp!.manual!.requestsPerSec)} | ${c.appCpuUsPerRequest} | ${c.redisCpuUsPerRequest} |`),
+            '',
+          ]
+        : []),
       'Measured and not adopted: Redis 7 functions (`FCALL`) instead of `EVALSHA` save 4 % of redis-server instructions per pair (callgrind, the same bodies: 104,747 vs 109,487; empty bodies 41,638 vs 46,077), not enough to pay for `FUNCTION LOAD` on every node, its persistence and the services that restrict it. Batching the lock connection\'s socket writes until the next tick read 0.93 x to 1.17 x of no batching across runs in scenario 2, and 1.0 x over 40 short paired rounds: not reliably better.',
       '',
     );
