@@ -58,7 +58,7 @@ export async function translateLockError(error: unknown, context: ExecutionConte
   };
   switch (type) {
     case 'http': {
-      const status = kind.status;
+      const { status } = kind;
       if (lockError instanceof LockNotAcquiredError) {
         const seconds = String(Math.max(1, Math.ceil((retryAfterMs ?? 1_000) / 1_000)));
         const response = context.switchToHttp().getResponse<{ header?: (n: string, v: string) => unknown; setHeader?: (n: string, v: string) => unknown }>();
