@@ -250,7 +250,7 @@ for (const platform of ['express', 'fastify'] as const) {
           expect(body).toMatchObject({ statusCode: 503, error: 'Service Unavailable', code: 'LOCK_UNAVAILABLE', key });
           // The body does not pass on the cause (which may name servers); the log has it.
           expect(body.message).not.toMatch(/no answer/);
-          expect(logger.at('error').some((m) => m.includes(`"${key}"`) && m.includes('no answer within'))).toBe(true);
+          expect(logger.entries.some((e) => e.level === 'error' && e.context === 'LockService' && e.message.includes(`"${key}"`) && e.message.includes('no answer within'))).toBe(true);
         }
       } finally {
         redis.resume();
