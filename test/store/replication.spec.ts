@@ -19,8 +19,10 @@ describe('replica confirmation (WAIT)', () => {
     replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
     lonely = await RedisServer.start();
     refusing = await RedisServer.start(['--rename-command', 'WAIT', '']);
-    const probe = replica.client();
-    await until(async () => String(await probe.info('replication')).includes('master_link_status:up'), 10_000, 'the replica never synced');
+    // Synced is not enough: ready once the replica acknowledges a write (see RedisSentinelSet.replicaAcknowledges).
+    const probe = master.client();
+    await until(async () => (await probe.set('harness:acknowledged', '1'), Number(await probe.wait(1, 200)) === 1), 10_000, 'the replica never acknowledged a write');
+    await probe.del('harness:acknowledged');
   });
   afterAll(async () => {
     await Promise.all([master, replica, lonely, refusing].map((s) => s?.stop()));
