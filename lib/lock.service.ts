@@ -37,7 +37,7 @@ import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
 
-/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this. */
+/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (Redlock's node timeout stays below it). */
 const MIN_ATTEMPT_MS = 1_000;
 /** See createStore(). */
 const OWNED_DISCONNECT_TIMEOUT_MS = 100;

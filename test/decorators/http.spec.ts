@@ -376,8 +376,9 @@ describe('503 LOCK_UNAVAILABLE from replica confirmation and the Redlock quorum'
     const nodes = await Promise.all([RedisServer.start(), RedisServer.start(), RedisServer.start()]);
     servers.push(...nodes);
     const logger = new CapturingLogger();
-    // A 2 s lease gives each node 200 ms to answer, well within the attempt's 1 s bound.
-    const url = await serve({ redlock: { clients: nodes.map((n) => n.url) }, leaseMs: 2_000 }, logger);
+    // The default 30 s lease: each node is given 500 ms, and the quorum's answer comes before the
+    // attempt's own 1 s bound (which would say only "no answer within 1000 ms").
+    const url = await serve({ redlock: { clients: nodes.map((n) => n.url) } }, logger);
     nodes[1]!.pause();
     nodes[2]!.pause();
     const res = await fetch(`${url}/reports/2`, { method: 'POST' });

@@ -12,8 +12,13 @@ export interface RedlockNode {
 
 type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
 
-/** Per-node timeout of one step: a tenth of the lease, from 50 ms to 1 s (a down node must not eat the validity). */
-const nodeTimeout = (leaseMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 1_000);
+/**
+ * Per-node timeout of one step: a tenth of the lease, from 50 to 500 ms (a down node must not eat the
+ * validity). Well below the 1 s that LockService gives any acquisition attempt at least, so a call that
+ * does not wait (waitMs under 1 s) gets this store's answer (LockQuorumError with each node's vote)
+ * rather than LockService's own "no answer" bound.
+ */
+const nodeTimeout = (leaseMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 500);
 /** Steps without a lease (inspect, release, force-unlock) wait for a node this long. */
 const STEP_TIMEOUT_MS = 1_000;
 
