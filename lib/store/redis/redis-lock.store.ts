@@ -372,16 +372,26 @@ export class RedisLockStore implements LockStore {
 
   private unsubscribeIdle(): void {
     this.unsubscribeScheduled = false;
-    const idle = [...this.unsubscribeSoon].filter((channel) => this.channels.get(channel)?.refs === 0);
+    const candidates = [...this.unsubscribeSoon].flatMap((channel) => {
+      const entry = this.channels.get(channel);
+      return entry?.refs === 0 ? [{ channel, entry }] : [];
+    });
     this.unsubscribeSoon.clear();
-    for (const channel of idle) this.channels.delete(channel);
-    // Later subscribes to the same channels are queued behind this on the same connection.
-    const sub = this.subscriber;
-    if (!sub || this.closed || idle.length === 0) return;
-    const failed = (e: unknown) => this.log.debug(`unsubscribe ${idle.join(', ')} failed: ${String(e)}`);
-    // Sharded channels of different slots cannot share one SUNSUBSCRIBE.
-    if (this.publish === 'spublish') for (const channel of idle) sub.sunsubscribe(channel).catch(failed);
-    else sub.unsubscribe(...idle).catch(failed);
+    if (candidates.length === 0) return;
+    // Not before their SUBSCRIBE has been answered: ioredis 5 was seen to send an UNSUBSCRIBE ahead
+    // of a SUBSCRIBE still waiting for a new subscriber connection to be ready, which left the
+    // channel subscribed for good. A waiter that comes meanwhile keeps its channel (and entry).
+    void Promise.all(candidates.map((c) => c.entry.ready)).then(() => {
+      const idle = candidates.filter((c) => this.channels.get(c.channel) === c.entry && c.entry.refs === 0).map((c) => c.channel);
+      for (const channel of idle) this.channels.delete(channel);
+      // Later subscribes to the same channels are queued behind this on the same connection.
+      const sub = this.subscriber;
+      if (!sub || this.closed || idle.length === 0) return;
+      const failed = (e: unknown) => this.log.debug(`unsubscribe ${idle.join(', ')} failed: ${String(e)}`);
+      // Sharded channels of different slots cannot share one SUNSUBSCRIBE.
+      if (this.publish === 'spublish') for (const channel of idle) sub.sunsubscribe(channel).catch(failed);
+      else sub.unsubscribe(...idle).catch(failed);
+    });
   }
 
   /**
