@@ -358,8 +358,9 @@ export class RedisLockStore implements LockStore {
 
   /**
    * The last waiter of a channel left. The channel is unsubscribed on the next turn of the event
-   * loop, off the path of the waiter that just got its lock (sending the command took it ~80 us
-   * here); a waiter that comes before then keeps the subscription, and needs no new SUBSCRIBE.
+   * loop at the earliest (once its SUBSCRIBE has been answered), off the path of the waiter that
+   * just got its lock (sending the command took it ~80 us here); a waiter that comes before then
+   * keeps the subscription, and needs no new SUBSCRIBE.
    */
   private unwatch(channel: string): void {
     const entry = this.channels.get(channel);
