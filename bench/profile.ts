@@ -13,8 +13,6 @@
 // and the CPU time per request of the app's process (process.cpuUsage, asked over IPC) and of Redis
 // (INFO cpu), which tells the decorator's own cost from the lock's cost in Redis.
 // PROFILE_SCENARIOS picks the parts (default `1,2,4`).
-import autocannon from 'autocannon';
-import { fork } from 'node:child_process';
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -23,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
 import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { startHttpApp } from './http-app-child.js';
 import { scriptsPair } from './our-scripts.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
 import { median, round } from './stats.js';
@@ -112,21 +111,14 @@ interface HttpCost {
 
 /** Scenario 4's endpoints, interleaved over ROUNDS rounds: requests/s and CPU per request of the app and of Redis. */
 async function profileHttp(url: string, admin: Redis): Promise<Record<string, HttpCost>> {
-  const child = fork(join(dirname(fileURLToPath(import.meta.url)), 'http-app.js'), [url], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const base = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
-  const appCpu = () =>
-    new Promise<number>((resolve) => {
-      child.once('message', (m: { usage: NodeJS.CpuUsage }) => resolve(m.usage.user + m.usage.system));
-      child.send({ type: 'cpu' });
-    });
-  const target = (endpoint: string) => ({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16 });
-  for (const endpoint of HTTP_ENDPOINTS) await autocannon({ ...target(endpoint), duration: 1 }); // warm-up
+  const app = await startHttpApp(url);
+  for (const endpoint of HTTP_ENDPOINTS) await app.load(endpoint, 1); // warm-up
   const runs = new Map<string, HttpCost[]>(HTTP_ENDPOINTS.map((e) => [e, []]));
   for (let r = 0; r < ROUNDS; r++) {
     for (const endpoint of HTTP_ENDPOINTS.map((_, i) => HTTP_ENDPOINTS[(i + r) % HTTP_ENDPOINTS.length]!)) {
-      const [app0, redis0] = [await appCpu(), await redisCounters(admin)];
-      const result = await autocannon({ ...target(endpoint), duration: HTTP_SECONDS });
-      const [app1, redis1] = [await appCpu(), await redisCounters(admin)];
+      const [app0, redis0] = [await app.cpuUs(), await redisCounters(admin)];
+      const result = await app.load(endpoint, HTTP_SECONDS);
+      const [app1, redis1] = [await app.cpuUs(), await redisCounters(admin)];
       const requests = result.requests.total;
       runs.get(endpoint)!.push({
         requestsPerSec: round(result.requests.average, 0),
@@ -135,8 +127,7 @@ async function profileHttp(url: string, admin: Redis): Promise<Record<string, Ht
       });
     }
   }
-  child.send({ type: 'stop' });
-  await new Promise((resolve) => child.once('exit', resolve));
+  await app.stop();
   const out: Record<string, HttpCost> = {};
   for (const [endpoint, costs] of runs) {
     const pick = (f: keyof HttpCost) => median(costs.map((c) => c[f]));

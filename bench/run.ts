@@ -2,7 +2,6 @@
 // (BENCH_REPEATS, default 3) and reported as the median run. Ratios are computed within this run
 // only, so the noise of a shared machine cancels out. Writes bench/results/latest.json and
 // BENCHMARKS.md. BENCH_ONLY=1,3 runs some scenarios only (and does not rewrite BENCHMARKS.md).
-import autocannon from 'autocannon';
 import { fork } from 'node:child_process';
 import { writeFileSync, readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
@@ -15,6 +14,7 @@ import { RedisServer } from '../test/support/redis-server.js';
 import { makeLocker, type LockerKind } from './lockers.js';
 import { jain, percentile, round } from './stats.js';
 import { writeReport } from './report.js';
+import { startHttpApp } from './http-app-child.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = join(here, '..', '..');
@@ -179,19 +179,17 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
 
 // 4. A @Locked HTTP endpoint under load, against no lock and a hand-written lock.
 async function http(url: string, durationS = 5): Promise<Record<string, Row>> {
-  const child = fork(join(here, 'http-app.js'), [url], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const base = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
+  const app = await startHttpApp(url);
   const endpoints = ['none', 'locked', 'manual', 'service', 'interceptor'] as const;
-  for (const endpoint of endpoints) await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: 1 }); // warm-up
+  for (const endpoint of endpoints) await app.load(endpoint, 1); // warm-up
   // Interleaved like scenarios 1 and 2: a slow change in the machine's load hits every endpoint alike.
   const out = await interleaved([...endpoints], async (endpoint) => {
-    const r = await autocannon({ url: `${base}/${endpoint}/[<id>]`, idReplacement: true, connections: 16, duration: durationS });
+    const r = await app.load(endpoint, durationS);
     const row = { requestsPerSec: round(r.requests.average, 0), p99Ms: r.latency.p99, errors: r.errors + r.non2xx };
     log(`http ${endpoint}`, row);
     return row;
   }, 'requestsPerSec');
-  child.send({ type: 'stop' });
-  await new Promise((resolve) => child.once('exit', resolve));
+  await app.stop();
   return out;
 }
 
