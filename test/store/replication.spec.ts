@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError } from '../../lib/index.js';
-import { RedisServer, until } from '../support/redis-server.js';
+import { RedisServer, replicaAcknowledges, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
 /**
@@ -19,10 +19,9 @@ describe('replica confirmation (WAIT)', () => {
     replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
     lonely = await RedisServer.start();
     refusing = await RedisServer.start(['--rename-command', 'WAIT', '']);
-    // Synced is not enough: ready once the replica acknowledges a write (see RedisSentinelSet.replicaAcknowledges).
+    // Synced is not enough: ready once the replica acknowledges a write.
     const probe = master.client();
-    await until(async () => (await probe.set('harness:acknowledged', '1'), Number(await probe.wait(1, 200)) === 1), 10_000, 'the replica never acknowledged a write');
-    await probe.del('harness:acknowledged');
+    await until(() => replicaAcknowledges(probe), 10_000, 'the replica never acknowledged a write');
   });
   afterAll(async () => {
     await Promise.all([master, replica, lonely, refusing].map((s) => s?.stop()));

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { freePort, RedisServer, spawnUntilReady, tcpProxy, until } from './redis-server.js';
+import { freePort, RedisServer, replicaAcknowledges, spawnUntilReady, tcpProxy, until } from './redis-server.js';
 
 const MASTER_NAME = 'locks';
 
@@ -46,7 +46,7 @@ export class RedisSentinelSet {
       const set = new RedisSentinelSet(master, replica, sentinels, link);
       // Ready when the replica acknowledges writes and every sentinel knows the replica and the 2 other sentinels.
       await until(async () => {
-        if (!(await set.replicaAcknowledges())) return false;
+        if (!(await replicaAcknowledges(set.direct(master)))) return false;
         for (const s of sentinels) {
           const fields = (await set.sentinelClient(s).call('SENTINEL', 'MASTER', MASTER_NAME)) as string[];
           const get = (f: string) => Number(fields[fields.indexOf(f) + 1]);
@@ -93,23 +93,7 @@ export class RedisSentinelSet {
   /** Starts the old master again: the sentinels turn it into a replica of the new one. Resolves once it acknowledges writes. */
   async rejoin(): Promise<void> {
     await this.replica.launch();
-    await until(() => this.replicaAcknowledges(), 30_000, 'the old master never rejoined as a replica that acknowledges writes');
-  }
-
-  /**
-   * Whether the replica acknowledges writes now: a write made on the master is confirmed by
-   * `WAIT 1` (what the lock module's replica confirmation asks). Being listed as online in the
-   * master's INFO, or `master_link_status:up` on the replica, is not enough: Redis 7.0 marks a
-   * replica online when a diskless transfer ends, before its first ACK, and clean-clone CI runs
-   * saw a WAIT get no acknowledgement within 400 ms right then (after a rejoin, and at start).
-   */
-  private async replicaAcknowledges(): Promise<boolean> {
-    const master = this.direct(this.master);
-    if (!/slave0:.*state=online/.test(String(await master.info('replication')))) return false;
-    await master.set('harness:acknowledged', '1');
-    const acknowledged = Number(await master.wait(1, 200)) === 1;
-    await master.del('harness:acknowledged');
-    return acknowledged;
+    await until(() => replicaAcknowledges(this.direct(this.master)), 30_000, 'the old master never rejoined as a replica that acknowledges writes');
   }
 
   /** A plain connection to one data server (its shared inspection client, reused by polls). */

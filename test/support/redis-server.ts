@@ -159,6 +159,21 @@ export async function until(check: () => Promise<boolean>, ms: number, what: str
   }
 }
 
+/**
+ * Whether a replica of `master` acknowledges writes now: a write made on it is confirmed by `WAIT 1`
+ * (what the lock module's replica confirmation asks). Being listed as online in the master's INFO,
+ * or `master_link_status:up` on the replica, is not enough: Redis 7.0 marks a replica online when a
+ * diskless transfer ends, before its first ACK, and clean-clone CI runs saw a WAIT get no
+ * acknowledgement within 400 ms right then (after a Sentinel rejoin, and at start).
+ */
+export async function replicaAcknowledges(master: Redis): Promise<boolean> {
+  if (!/slave0:.*state=online/.test(String(await master.info('replication')))) return false;
+  await master.set('harness:acknowledged', '1');
+  const acknowledged = Number(await master.wait(1, 200)) === 1;
+  await master.del('harness:acknowledged');
+  return acknowledged;
+}
+
 /** A TCP port free on 127.0.0.1 right now. */
 export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
