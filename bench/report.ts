@@ -126,6 +126,13 @@ export function writeReport(r: Results, file: string): void {
     out.push('|---|---|---|---|');
     out.push(`| ${m.redisCallsPerRenewalPeriod} | ${m.eventLoopDelayP99Ms} ms | ${fmt(m.heapBytesPerLock)} B | ${m.lost} |`);
     out.push('');
+    if (m.redisBytesPerHeldLock !== undefined) {
+      out.push(
+        `Redis memory (used_memory, in a database of its own): ${fmt(m.redisBytesPerHeldLock)} B per held lock (its hash and fencing counter, with their expiry entries), ` +
+          `and ${fmt(m.redisBytesPerReleasedKey)} B per key after the release: the fencing counter, kept for an hour after the key's last grant, so an app that locks many distinct keys keeps about that much per key locked in the last hour.`,
+        '',
+      );
+    }
     targets.push(`| 5 | <= ceil(N/100) = ${m.targetCallsPerPeriod} Redis calls per renewal period | ${m.redisCallsPerRenewalPeriod} | ${check(n(m.redisCallsPerRenewalPeriod) <= n(m.targetCallsPerPeriod))} |`);
     targets.push(`| 5 | event-loop delay p99 < 20 ms | ${m.eventLoopDelayP99Ms} ms | ${check(n(m.eventLoopDelayP99Ms) < 20)} |`);
     targets.push(`| 5 | <= 1 KiB heap per held lock | ${fmt(m.heapBytesPerLock)} B | ${check(n(m.heapBytesPerLock) <= 1024)} |`);

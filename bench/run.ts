@@ -197,17 +197,24 @@ async function http(url: string, durationS = 5): Promise<Record<string, Row>> {
 async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<Row> {
   const gc = (globalThis as { gc?: () => void }).gc;
   if (!gc) throw new Error('run with --expose-gc');
-  const raw = new Redis(url);
-  const locks = new LockService({ redis: url, leaseMs, waitMs: 0 });
+  // Its own database (1), emptied first: Redis's memory is measured before the locks, while they
+  // are held, and after their release (what stays: the fencing counters, for an hour).
+  const db = `${url}/1`;
+  const raw = new Redis(db);
+  await raw.flushdb();
+  const redisUsed = async () => Number(/used_memory:(\d+)/.exec(await raw.info('memory'))?.[1]);
+  const locks = new LockService({ redis: db, leaseMs, waitMs: 0 });
   await locks.onModuleInit();
   gc();
   const heapBefore = process.memoryUsage().heapUsed;
+  const redisBefore = await redisUsed();
   const handles = [];
   for (let i = 0; i < count; i += 500) {
     handles.push(...(await Promise.all(Array.from({ length: Math.min(500, count - i) }, () => locks.acquire(freshKey())))));
   }
   gc();
   const heapAfter = process.memoryUsage().heapUsed;
+  const redisHeld = await redisUsed();
   await raw.config('RESETSTAT');
   const delay = monitorEventLoopDelay({ resolution: 10 });
   delay.enable();
@@ -220,6 +227,7 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
   const calls = ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
   const lost = handles.filter((h) => h.signal.aborted).length;
   await Promise.all(handles.map((h) => h.release()));
+  const redisLeft = await redisUsed();
   await locks.onApplicationShutdown();
   await raw.quit();
   return {
@@ -228,6 +236,8 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
     targetCallsPerPeriod: Math.ceil(count / 100),
     eventLoopDelayP99Ms: round(delay.percentile(99) / 1e6, 2),
     heapBytesPerLock: round((heapAfter - heapBefore) / count, 0),
+    redisBytesPerHeldLock: round((redisHeld - redisBefore) / count, 0),
+    redisBytesPerReleasedKey: round((redisLeft - redisBefore) / count, 0),
     lost,
   };
 }
