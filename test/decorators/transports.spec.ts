@@ -6,7 +6,7 @@ import { MessageBody, SubscribeMessage, WebSocketGateway } from '@nestjs/websock
 import { firstValueFrom } from 'rxjs';
 import { io, type Socket } from 'socket.io-client';
 import { Locked, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
 
 const handled: string[] = [];
@@ -62,6 +62,7 @@ describe('@Locked on microservice handlers (TCP)', () => {
   let service: INestMicroservice;
   let client: ClientProxy;
   let locks: LockService;
+  let logger: CapturingLogger;
   beforeAll(async () => {
     redis = await RedisServer.start();
     @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true })], controllers: [OrdersHandlers] })
@@ -70,10 +71,11 @@ describe('@Locked on microservice handlers (TCP)', () => {
     let port = 0;
     for (let attempt = 0; ; attempt++) {
       port = await freePort();
+      logger = new CapturingLogger();
       service = await NestFactory.createMicroservice(OrdersModule, {
         transport: Transport.TCP,
         options: { host: '127.0.0.1', port },
-        logger: new CapturingLogger(),
+        logger,
       });
       try {
         await service.listen();
@@ -126,6 +128,9 @@ describe('@Locked on microservice handlers (TCP)', () => {
     try {
       const failure = await firstValueFrom(client.send('order.reserve', { id: 10 })).catch((e: unknown) => e);
       expect(failure).toMatchObject({ status: 'error', code: 'LOCK_UNAVAILABLE', key: 'order:10' });
+      // The error object does not pass on the cause (which may name servers); the log has it.
+      expect(JSON.stringify(failure)).not.toMatch(/no answer/);
+      expect(loggedUnavailable(logger, 'order:10')).toBe(true);
       expect(handled).not.toContain('reserve:10');
     } finally {
       redis.resume();
@@ -138,11 +143,13 @@ describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
   let app: INestApplication;
   let socket: Socket;
   let locks: LockService;
+  let logger: CapturingLogger;
   beforeAll(async () => {
     redis = await RedisServer.start();
     @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true })], providers: [ChatGateway] })
     class ChatModule {}
-    app = await NestFactory.create(ChatModule, { logger: new CapturingLogger() });
+    logger = new CapturingLogger();
+    app = await NestFactory.create(ChatModule, { logger });
     await app.listen(0, '127.0.0.1');
     locks = app.get(LockService);
     const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
@@ -188,7 +195,10 @@ describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
     try {
       const exception = new Promise((resolve) => socket.once('exception', resolve));
       socket.emit('edit', { doc: 'down' });
-      expect(await exception).toMatchObject({ status: 'error', code: 'LOCK_UNAVAILABLE', key: 'doc:down' });
+      const received = await exception;
+      expect(received).toMatchObject({ status: 'error', code: 'LOCK_UNAVAILABLE', key: 'doc:down' });
+      expect(JSON.stringify(received)).not.toMatch(/no answer/);
+      expect(loggedUnavailable(logger, 'doc:down')).toBe(true);
     } finally {
       redis.resume();
     }

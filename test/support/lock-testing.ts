@@ -28,6 +28,11 @@ export class CapturingLogger implements LoggerService {
   }
 }
 
+/** Whether LockService logged, at error level, that `key` could not be had because Redis did not answer. */
+export function loggedUnavailable(logger: CapturingLogger, key: string): boolean {
+  return logger.entries.some((e) => e.level === 'error' && e.context === 'LockService' && e.message.includes(`"${key}"`) && e.message.includes('no answer within'));
+}
+
 export interface LockApp {
   moduleRef: TestingModule;
   locks: LockService;
