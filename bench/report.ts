@@ -2,6 +2,7 @@
 // and to each anchor, and each target checked.
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { median } from './stats.js';
 
 type Row = Record<string, number | string | number[]>;
 interface Results {
@@ -249,8 +250,7 @@ function explainMisses(r: Results, e: Extras): string[] {
 function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
   if (!ours || !base || ours.length !== base.length || ours.length === 0) return undefined;
   const ratios = ours.map((v, i) => v / base[i]!);
-  const sorted = [...ratios].sort((a, b) => a - b);
-  return `${sorted[0]!.toFixed(2)} to ${sorted[sorted.length - 1]!.toFixed(2)}, median ${sorted[Math.floor(sorted.length / 2)]!.toFixed(2)}`;
+  return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}, median ${median(ratios).toFixed(2)}`;
 }
 
 function profileSection(e: Extras): string[] {
