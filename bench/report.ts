@@ -240,7 +240,7 @@ function explainMisses(r: Results, e: Extras): string[] {
           : 'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.') +
         (rounds ? ` Within this run one round's ratio went from ${rounds}.` : '') +
         ' Earlier full runs of 2026-11-23 read 0.92, 0.96, 1.07, 0.88 and 0.85 x (met in three of them). ' +
-        'Compared round by round instead (the median of the per-round ratios, each round running the endpoints back to back), the seven full runs committed up to this one (bench/results/latest.json in git) read 0.80 to 0.93, and 0.69 once: by that measure the target has not been met in a full run; the decorator costs no more app CPU than the hand-written lock (above), so the rest is the Redis work per request and this machine.',
+        'Compared round by round instead (the median of the per-round ratios, each round running the endpoints back to back), the seven full runs committed on 2026-11-23 (bench/results/latest.json in git, up to bce9c60) read 0.80 to 0.93, and 0.69 once: by that measure the target has not been met in a full run; the decorator costs no more app CPU than the hand-written lock (above), so the rest is the Redis work per request and this machine.',
     );
   }
   return lines;
