@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
 import { RedisServer } from '../support/redis-server.js';
-import { aborted, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, nextEvent, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 describe('fencing tokens', () => {
   let redis: RedisServer;
@@ -110,6 +110,27 @@ describe('fencing tokens', () => {
       await newer.release();
     } finally {
       await stale.stop();
+    }
+  });
+
+  it('leave only their counter in Redis after a release, for an hour: plain, re-entered, read, write, multi-key and fair handed-over locks', async () => {
+    const { locks } = app;
+    await locks.run('left:plain', () => locks.run('left:plain', () => undefined));
+    await (await locks.acquire('left:rw', { mode: 'read' })).release();
+    await (await locks.acquire('left:rw', { mode: 'write' })).release();
+    await (await locks.acquire(['left:a', 'left:b'])).release();
+    const holder = await locks.acquire('left:fair', { fair: true });
+    const contended = nextEvent(locks.events$, 'contended', (e) => e.key === 'left:fair');
+    const waiter = locks.acquire('left:fair', { fair: true });
+    // Asleep with its wait id registered: the release hands it the lock (hash field `:handed`).
+    await waitRegistered(raw, 'left:fair', (await contended).owner);
+    await holder.release();
+    await (await waiter).release();
+    for (const key of ['left:plain', 'left:rw', 'left:a', 'left:b', 'left:fair']) {
+      expect((await raw.keys(`lock:{${key}}*`)).sort()).toEqual([`lock:{${key}}:fence`]);
+      const ttl = await raw.pttl(`lock:{${key}}:fence`);
+      expect(ttl).toBeGreaterThan(3_500_000);
+      expect(ttl).toBeLessThanOrEqual(3_600_000);
     }
   });
 });
