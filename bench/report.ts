@@ -9,6 +9,8 @@ interface Results {
   date: string;
   machine: { cores: number; cpu?: string; node: string; redis: string };
   repeats: number;
+  /** Rounds of scenarios 1, 2 and 4 (absent in runs before they were sliced). */
+  slices?: number;
   sequential?: Record<string, Row>;
   concurrent?: Record<string, Row>;
   contended?: Record<string, Record<string, Row>>;
@@ -20,6 +22,18 @@ const n = (v: unknown) => Number(v);
 const x = (a: unknown, b: unknown) => `${(n(a) / n(b)).toFixed(2)}x`;
 const fmt = (v: unknown) => (typeof v === 'number' ? v.toLocaleString('en-US') : String(v));
 const check = (ok: boolean) => (ok ? 'met' : '**missed**');
+/**
+ * `a`'s `field` relative to `b`'s. Rows of scenarios 1, 2 and 4 carry one rate per round in `runs`,
+ * in round order, and are compared round by round (the median of the per-round ratios): both rates of
+ * a round were measured within a second or two of each other, so a change in the machine's speed
+ * between rounds cancels out. Rows without such rounds: the ratio of the two figures.
+ */
+const rel = (a: Row, b: Row, field: string) => {
+  const ra = a.runs as number[] | undefined;
+  const rb = b.runs as number[] | undefined;
+  return ra && rb && ra.length === rb.length && ra.length > 0 ? median(ra.map((v, i) => v / rb[i]!)) : n(a[field]) / n(b[field]);
+};
+const xr = (ratio: number) => `${ratio.toFixed(2)}x`;
 const ANCHORS = ['redlock', 'sesame-redlock', 'redis-semaphore'];
 const HTTP_LABELS: Record<string, string> = {
   none: 'no lock',
@@ -36,7 +50,10 @@ export function writeReport(r: Results, file: string): void {
   out.push(
     `Measured ${r.date.slice(0, 10)} with \`npm run bench\` on one private redis-server over loopback: ` +
       `${r.machine.cores} cores (${r.machine.cpu ?? 'unknown CPU'}), Node ${r.machine.node}, Redis ${r.machine.redis}. ` +
-      `Each figure is the median of ${r.repeats} runs (scenarios 1 and 2 interleave the libraries and scenario 4 the endpoints, in a rotated order each round, so none is always the cold first one); ratios compare figures of the same run only. Raw results: ` +
+      (r.slices
+        ? `Scenarios 1, 2 and 4 run in ${r.slices} rounds of short slices (500 sequential pairs; 64 workers x 40 pairs; 2 s of autocannon), every library or endpoint once per round in a rotated order, on clients opened once: each figure is the median of its ${r.slices} slices, and each ratio the median of the ${r.slices} per-round ratios, so that the two sides of a ratio always ran within a second or two of each other (the speed of this machine moves by up to 2 x from one second to the next: the raw limit's slices below). Scenarios 3 and 5: the median of ${r.repeats} runs. `
+        : `Each figure is the median of ${r.repeats} runs (scenarios 1 and 2 interleave the libraries and scenario 4 the endpoints, in a rotated order each round, so none is always the cold first one). `) +
+      'Ratios compare figures of the same run only. Raw results: ' +
       '[`bench/results/latest.json`](bench/results/latest.json).',
     '',
     'Anchors: `redlock` 5.0.0-beta.2, `@sesamecare-oss/redlock` (shown as sesame-redlock), `redis-semaphore` Mutex. ' +
@@ -51,10 +68,10 @@ export function writeReport(r: Results, file: string): void {
     out.push('|---|---|---|---|---|' + ANCHORS.map(() => '---').join('|') + '|');
     for (const [name, row] of Object.entries(s)) {
       if (name === 'ping') continue;
-      out.push(`| ${name} | ${fmt(row.pairsPerSec)} | ${row.p50Ms} | ${row.p99Ms} | ${x(row.pairsPerSec, s.raw!.pairsPerSec)} | ` + ANCHORS.map((a) => x(row.pairsPerSec, s[a]!.pairsPerSec)).join(' | ') + ' |');
+      out.push(`| ${name} | ${fmt(row.pairsPerSec)} | ${row.p50Ms} | ${row.p99Ms} | ${xr(rel(row, s.raw!, 'pairsPerSec'))} | ` + ANCHORS.map((a) => xr(rel(row, s[a]!, 'pairsPerSec'))).join(' | ') + ' |');
     }
     out.push('', `PING round trip in the same run: p50 ${s.ping!.p50Ms} ms, ${fmt(s.ping!.pingsPerSec)}/s.`, '');
-    const ratio = n(s['nestjs-locked']!.pairsPerSec) / n(s.raw!.pairsPerSec);
+    const ratio = rel(s['nestjs-locked']!, s.raw!, 'pairsPerSec');
     targets.push(`| 1 | pairs/s >= 0.95 x raw | ${ratio.toFixed(2)} x | ${check(ratio >= 0.95)} |`);
   }
   if (r.concurrent) {
@@ -63,10 +80,10 @@ export function writeReport(r: Results, file: string): void {
     out.push('| lock | pairs/s | p99 ms | vs raw | ' + ANCHORS.map((a) => `vs ${a}`).join(' | ') + ' |');
     out.push('|---|---|---|---|' + ANCHORS.map(() => '---').join('|') + '|');
     for (const [name, row] of Object.entries(s)) {
-      out.push(`| ${name} | ${fmt(row.pairsPerSec)} | ${row.p99Ms} | ${x(row.pairsPerSec, s.raw!.pairsPerSec)} | ` + ANCHORS.map((a) => x(row.pairsPerSec, s[a]!.pairsPerSec)).join(' | ') + ' |');
+      out.push(`| ${name} | ${fmt(row.pairsPerSec)} | ${row.p99Ms} | ${xr(rel(row, s.raw!, 'pairsPerSec'))} | ` + ANCHORS.map((a) => xr(rel(row, s[a]!, 'pairsPerSec'))).join(' | ') + ' |');
     }
     out.push('');
-    const ratio = n(s['nestjs-locked']!.pairsPerSec) / n(s.raw!.pairsPerSec);
+    const ratio = rel(s['nestjs-locked']!, s.raw!, 'pairsPerSec');
     targets.push(`| 2 | pairs/s >= 0.90 x raw | ${ratio.toFixed(2)} x | ${check(ratio >= 0.9)} |`);
   }
   if (r.contended) {
@@ -105,7 +122,7 @@ export function writeReport(r: Results, file: string): void {
     out.push('| endpoint | requests/s | p99 ms | errors | vs no lock | vs hand-written lock |');
     out.push('|---|---|---|---|---|---|');
     for (const [name, row] of Object.entries(h)) {
-      out.push(`| ${HTTP_LABELS[name] ?? name} | ${fmt(row.requestsPerSec)} | ${row.p99Ms} | ${row.errors} | ${x(row.requestsPerSec, h.none!.requestsPerSec)} | ${x(row.requestsPerSec, h.manual!.requestsPerSec)} |`);
+      out.push(`| ${HTTP_LABELS[name] ?? name} | ${fmt(row.requestsPerSec)} | ${row.p99Ms} | ${row.errors} | ${xr(rel(row, h.none!, 'requestsPerSec'))} | ${xr(rel(row, h.manual!, 'requestsPerSec'))} |`);
     }
     out.push('');
     if (h.service && h.interceptor) {
@@ -117,7 +134,7 @@ export function writeReport(r: Results, file: string): void {
         '',
       );
     }
-    const ratio = n(h.locked!.requestsPerSec) / n(h.manual!.requestsPerSec);
+    const ratio = rel(h.locked!, h.manual!, 'requestsPerSec');
     targets.push(`| 4 | requests/s >= 0.90 x hand-written lock | ${ratio.toFixed(2)} x | ${check(ratio >= 0.9)} |`);
   }
   if (r.manyHeld) {
@@ -173,8 +190,8 @@ function readExtras(root: string): Extras {
 
 function explainMisses(r: Results, e: Extras): string[] {
   const lines: string[] = [];
-  const missed1 = r.sequential && n(r.sequential['nestjs-locked']!.pairsPerSec) < 0.95 * n(r.sequential.raw!.pairsPerSec);
-  const missed2 = r.concurrent && n(r.concurrent['nestjs-locked']!.pairsPerSec) < 0.9 * n(r.concurrent.raw!.pairsPerSec);
+  const missed1 = r.sequential && rel(r.sequential['nestjs-locked']!, r.sequential.raw!, 'pairsPerSec') < 0.95;
+  const missed2 = r.concurrent && rel(r.concurrent['nestjs-locked']!, r.concurrent.raw!, 'pairsPerSec') < 0.9;
   if (missed1 || missed2) {
     const i = e.instructions?.instructionsPerPair;
     const p = e.profile;
@@ -228,12 +245,12 @@ function explainMisses(r: Results, e: Extras): string[] {
       );
     }
   }
-  if (r.http && n(r.http.locked!.requestsPerSec) < 0.9 * n(r.http.manual!.requestsPerSec)) {
+  if (r.http && rel(r.http.locked!, r.http.manual!, 'requestsPerSec') < 0.9) {
     const h = r.http;
     const rounds = spreadOf(h.locked?.runs as number[] | undefined, h.manual?.runs as number[] | undefined);
     lines.push(
       '- **Scenario 4, @Locked against the hand-written lock.** ' +
-        (h.service ? `LockService.run() inside the handler served ${x(h.service.requestsPerSec, h.manual!.requestsPerSec)} the hand-written lock's requests/s and @Locked ${x(h.locked!.requestsPerSec, h.manual!.requestsPerSec)}. ` : '') +
+        (h.service ? `LockService.run() inside the handler served ${xr(rel(h.service, h.manual!, 'requestsPerSec'))} the hand-written lock's requests/s and @Locked ${xr(rel(h.locked!, h.manual!, 'requestsPerSec'))}. ` : '') +
         'Profiling showed that most of the gap was the Nest interceptor @Locked used to apply to every handler (the LockInterceptor-only row: Nest wraps every call of a handler that has interceptors in rxjs, whatever the interceptor does); since 2026-11-23 @Locked gets the call site as an extra parameter instead (README, "How it is built"), which moved @Locked from 0.70 x to 0.86 x in a `BENCH_ONLY=4` run. ' +
         (e.profileHttp
           ? `What is left is on the Redis side: in \`npm run bench:profile\` (scenario 4 there, CPU time per request) the app's process spends ${e.profileHttp.locked!.appCpuUsPerRequest} us on an @Locked request, ${e.profileHttp.manual!.appCpuUsPerRequest} us on a hand-written one and ${e.profileHttp.service!.appCpuUsPerRequest} us with LockService.run() (the decorator's pipeline, key template, context and call site, no longer shows), while Redis spends ${e.profileHttp.locked!.redisCpuUsPerRequest} us against ${e.profileHttp.manual!.redisCpuUsPerRequest} us: the cost of our scripts (scenarios 1 and 2), on the same 2 cores as the app.`

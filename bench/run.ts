@@ -1,7 +1,9 @@
-// `npm run bench`: every scenario of BENCHMARKS.md against one private redis-server, each repeated
-// (BENCH_REPEATS, default 3) and reported as the median run. Ratios are computed within this run
-// only, so the noise of a shared machine cancels out. Writes bench/results/latest.json and
-// BENCHMARKS.md. BENCH_ONLY=1,3 runs some scenarios only (and does not rewrite BENCHMARKS.md).
+// `npm run bench`: every scenario of BENCHMARKS.md against one private redis-server. Scenarios 1, 2
+// and 4 run in short slices, every library (or endpoint) once per round, 4 x BENCH_REPEATS rounds
+// (BENCH_REPEATS, default 3); scenarios 3 and 5 are repeated BENCH_REPEATS times and reported as the
+// median run. Ratios are computed within this run only, so the noise of a shared machine cancels
+// out. Writes bench/results/latest.json and BENCHMARKS.md. BENCH_ONLY=1,3 runs some scenarios only
+// (and does not rewrite BENCHMARKS.md).
 import { fork } from 'node:child_process';
 import { writeFileSync, readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
@@ -11,34 +13,70 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { LockService } from '../lib/index.js';
 import { RedisServer } from '../test/support/redis-server.js';
-import { makeLocker, type LockerKind } from './lockers.js';
-import { jain, percentile, round } from './stats.js';
+import { makeLocker, type Locker, type LockerKind } from './lockers.js';
+import { jain, median, percentile, round } from './stats.js';
 import { writeReport } from './report.js';
 import { startHttpApp } from './http-app-child.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = join(here, '..', '..');
 const REPEATS = Number(process.env.BENCH_REPEATS ?? 3);
+const SLICES = 4 * REPEATS;
 const ONLY = (process.env.BENCH_ONLY ?? '1,2,3,4,5').split(',').map(Number);
 const log = (...args: unknown[]) => console.log(`[bench ${new Date().toISOString().slice(11, 19)}]`, ...args);
 
 type Row = Record<string, number | string | number[]>;
 
+interface Slice {
+  /** The slice's rate (pairs/s or requests/s): the figure that rounds pair up on. */
+  rate: number;
+  /** Per-operation latencies in ms, pooled over the slices for p50 and p99. */
+  latencies?: number[];
+  /** Figures kept as the median of the slices. */
+  medians?: Record<string, number>;
+  /** Figures summed over the slices. */
+  sums?: Record<string, number>;
+}
+
 /**
- * Runs every kind once per round, REPEATS rounds, in a rotated order each round (so no library is
- * always the cold first one), and keeps each kind's median run by `by`.
+ * Scenarios 1, 2 and 4: every kind runs one short slice per round, SLICES rounds, on a locker (or
+ * endpoint) opened once, in a rotated order each round (so none is always first). On this machine
+ * the speed of everything moves by up to 2 x within seconds (the raw limit alone, between the rounds
+ * of one run); kinds compared within one round ran within a second or two of each other, so
+ * report.ts compares two kinds by the median of their per-round ratios (`runs` holds each round's
+ * rate, in round order). Each kind's figure is the median of its slices.
  */
-async function interleaved<K extends string>(kinds: K[], fn: (kind: K) => Promise<Row>, by: string): Promise<Record<K, Row>> {
-  const runs = new Map<K, Row[]>(kinds.map((k) => [k, []]));
-  for (let round = 0; round < REPEATS; round++) {
-    const order = kinds.map((_, i) => kinds[(i + round) % kinds.length]!);
-    for (const kind of order) runs.get(kind)!.push(await fn(kind));
+async function sliced<K extends string, L>(
+  kinds: K[],
+  open: (kind: K) => Promise<L>,
+  slice: (kind: K, opened: L) => Promise<Slice>,
+  close: (opened: L) => Promise<void>,
+  field: string,
+): Promise<Record<K, Row>> {
+  const opened = new Map<K, L>();
+  for (const kind of kinds) opened.set(kind, await open(kind));
+  const slices = new Map<K, Slice[]>(kinds.map((k) => [k, []]));
+  try {
+    for (const kind of kinds) await slice(kind, opened.get(kind)!); // warm-up, not counted
+    for (let r = 0; r < SLICES; r++) {
+      for (let i = 0; i < kinds.length; i++) {
+        const kind = kinds[(i + r) % kinds.length]!;
+        slices.get(kind)!.push(await slice(kind, opened.get(kind)!));
+      }
+    }
+  } finally {
+    for (const l of opened.values()) await close(l);
   }
   const out = {} as Record<K, Row>;
-  for (const [kind, rows] of runs) {
-    const sorted = [...rows].sort((a, b) => Number(a[by]) - Number(b[by]));
-    out[kind] = { ...sorted[Math.floor(sorted.length / 2)]!, runs: rows.map((r) => Number(r[by])) };
-    log(kind, out[kind]);
+  for (const [kind, list] of slices) {
+    const row: Row = { [field]: round(median(list.map((s) => s.rate)), 0) };
+    const latencies = list.flatMap((s) => s.latencies ?? []);
+    if (latencies.length) Object.assign(row, { p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) });
+    for (const name of Object.keys(list[0]?.medians ?? {})) row[name] = round(median(list.map((s) => s.medians![name]!)), 3);
+    for (const name of Object.keys(list[0]?.sums ?? {})) row[name] = list.reduce((sum, s) => sum + s.sums![name]!, 0);
+    row.runs = list.map((s) => round(s.rate, 0));
+    out[kind] = row;
+    log(kind, { ...row, runs: `${list.length} slices` });
   }
   return out;
 }
@@ -54,10 +92,8 @@ async function repeated<T extends Row>(fn: () => Promise<T>, by: keyof T): Promi
 let keySeq = 0;
 const freshKey = () => `bench:${process.pid}:${++keySeq}`;
 
-// 1. One client, sequential acquire + release on fresh keys.
-async function sequential(kind: LockerKind, url: string, pairs = 2_000): Promise<Row> {
-  const locker = await makeLocker(kind, url);
-  for (let i = 0; i < 200; i++) await (await locker.acquire(freshKey()))(); // warm-up
+// 1. One client, sequential acquire + release on fresh keys: one slice is `pairs` pairs.
+async function sequential(locker: Locker, pairs = 500): Promise<Slice> {
   const latencies: number[] = [];
   const started = performance.now();
   for (let i = 0; i < pairs; i++) {
@@ -65,9 +101,7 @@ async function sequential(kind: LockerKind, url: string, pairs = 2_000): Promise
     await (await locker.acquire(freshKey()))();
     latencies.push(performance.now() - t);
   }
-  const elapsed = performance.now() - started;
-  await locker.close();
-  return { pairsPerSec: round((pairs / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+  return { rate: (pairs / (performance.now() - started)) * 1000, latencies };
 }
 
 async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
@@ -85,10 +119,8 @@ async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
   return { pingsPerSec: round((count / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
 }
 
-// 2. 64 concurrent workers on distinct keys.
-async function concurrent(kind: LockerKind, url: string, workers = 64, pairsEach = 150): Promise<Row> {
-  const locker = await makeLocker(kind, url);
-  await Promise.all(Array.from({ length: workers }, async () => (await locker.acquire(freshKey()))()));
+// 2. 64 concurrent workers on distinct keys: one slice is `pairsEach` pairs per worker.
+async function concurrent(locker: Locker, workers = 64, pairsEach = 40): Promise<Slice> {
   const latencies: number[] = [];
   const started = performance.now();
   await Promise.all(
@@ -100,9 +132,7 @@ async function concurrent(kind: LockerKind, url: string, workers = 64, pairsEach
       }
     }),
   );
-  const elapsed = performance.now() - started;
-  await locker.close();
-  return { pairsPerSec: round(((workers * pairsEach) / elapsed) * 1000, 0), p99Ms: round(percentile(latencies, 99), 3) };
+  return { rate: ((workers * pairsEach) / (performance.now() - started)) * 1000, latencies };
 }
 
 // 3. 8 contenders on one key, in 1 process x 8 or 2 processes x 4.
@@ -177,20 +207,25 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
   };
 }
 
-// 4. A @Locked HTTP endpoint under load, against no lock and a hand-written lock.
-async function http(url: string, durationS = 5): Promise<Record<string, Row>> {
+// 4. A @Locked HTTP endpoint under load, against no lock and a hand-written lock: one slice is
+// `sliceS` seconds of autocannon on one endpoint.
+async function http(url: string, sliceS = 2): Promise<Record<string, Row>> {
   const app = await startHttpApp(url);
   const endpoints = ['none', 'locked', 'manual', 'service', 'interceptor'] as const;
-  for (const endpoint of endpoints) await app.load(endpoint, 1); // warm-up
-  // Interleaved like scenarios 1 and 2: a slow change in the machine's load hits every endpoint alike.
-  const out = await interleaved([...endpoints], async (endpoint) => {
-    const r = await app.load(endpoint, durationS);
-    const row = { requestsPerSec: round(r.requests.average, 0), p99Ms: r.latency.p99, errors: r.errors + r.non2xx };
-    log(`http ${endpoint}`, row);
-    return row;
-  }, 'requestsPerSec');
-  await app.stop();
-  return out;
+  try {
+    return await sliced(
+      [...endpoints],
+      async (endpoint) => endpoint,
+      async (endpoint) => {
+        const r = await app.load(endpoint, sliceS);
+        return { rate: r.requests.average, medians: { p99Ms: r.latency.p99 }, sums: { errors: r.errors + r.non2xx } };
+      },
+      async () => {},
+      'requestsPerSec',
+    );
+  } finally {
+    await app.stop();
+  }
 }
 
 // 5. 10 000 locks held at once under the watchdog.
@@ -250,6 +285,7 @@ async function main() {
     date: new Date().toISOString(),
     machine: { cores: cpus().length, cpu: cpus()[0]?.model, node: process.version, redis: redisVersion },
     repeats: REPEATS,
+    slices: SLICES,
     command: 'npm run bench',
   };
   try {
@@ -257,11 +293,11 @@ async function main() {
     if (ONLY.includes(1)) {
       log('1. sequential');
       const ping = await repeated(() => pingRoundTrip(url), 'pingsPerSec');
-      results.sequential = { ping, ...(await interleaved(simple, (kind) => sequential(kind, url), 'pairsPerSec')) };
+      results.sequential = { ping, ...(await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => sequential(locker), (locker) => locker.close(), 'pairsPerSec')) };
     }
     if (ONLY.includes(2)) {
       log('2. 64 concurrent workers');
-      results.concurrent = await interleaved(simple, (kind) => concurrent(kind, url), 'pairsPerSec');
+      results.concurrent = await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => concurrent(locker), (locker) => locker.close(), 'pairsPerSec');
     }
     if (ONLY.includes(3)) {
       const s3: Record<string, Record<string, Row>> = {};
