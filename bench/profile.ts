@@ -13,6 +13,9 @@
 // and the CPU time per request of the app's process (process.cpuUsage, asked over IPC) and of Redis
 // (INFO cpu), which tells the decorator's own cost from the lock's cost in Redis.
 // PROFILE_SCENARIOS picks the parts (default `1,2,4`).
+// PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function
+// (V8's sampling heap profiler, keeping the objects that were collected since), for each kind;
+// PROFILE_ALLOC_OUT=file writes the totals as JSON.
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -107,6 +110,10 @@ interface HttpCost {
   requestsPerSec: number;
   appCpuUsPerRequest: number;
   redisCpuUsPerRequest: number;
+  /** The median over the rounds of this endpoint's app CPU per request over the hand-written lock's in the same round. */
+  appCpuVsManual?: number;
+  /** The same for Redis CPU per request. */
+  redisCpuVsManual?: number;
 }
 
 /** Scenario 4's endpoints, interleaved over ROUNDS rounds: requests/s and CPU per request of the app and of Redis. */
@@ -130,8 +137,61 @@ async function profileHttp(url: string, admin: Redis): Promise<Record<string, Ht
   await app.stop();
   const out: Record<string, HttpCost> = {};
   for (const [endpoint, costs] of runs) {
-    const pick = (f: keyof HttpCost) => median(costs.map((c) => c[f]));
-    out[endpoint] = { requestsPerSec: pick('requestsPerSec'), appCpuUsPerRequest: pick('appCpuUsPerRequest'), redisCpuUsPerRequest: pick('redisCpuUsPerRequest') };
+    type Measured = 'requestsPerSec' | 'appCpuUsPerRequest' | 'redisCpuUsPerRequest';
+    const pick = (f: Measured) => median(costs.map((c) => c[f]));
+    // CPU time per request moves with the machine's load too; rounds compare endpoints measured seconds apart.
+    const manual = runs.get('manual')!;
+    const vsManual = (f: Measured) => round(median(costs.map((c, r) => c[f] / manual[r]![f])), 3);
+    out[endpoint] = {
+      requestsPerSec: pick('requestsPerSec'),
+      appCpuUsPerRequest: pick('appCpuUsPerRequest'),
+      redisCpuUsPerRequest: pick('redisCpuUsPerRequest'),
+      appCpuVsManual: vsManual('appCpuUsPerRequest'),
+      redisCpuVsManual: vsManual('redisCpuUsPerRequest'),
+    };
+  }
+  return out;
+}
+
+interface HeapNode {
+  callFrame: { functionName: string; url: string; lineNumber: number };
+  selfSize: number;
+  children: HeapNode[];
+}
+
+/**
+ * Bytes allocated per sequential pair by each kind, and the functions that allocate most. Every kind
+ * is warmed up first, so all run with LockService's AsyncLocalStorage enabled (Node then tracks
+ * every promise), as they would in an app that uses it.
+ */
+async function allocations(url: string, pairs = 3_000): Promise<Record<string, { bytesPerPair: number; top: string[] }>> {
+  const session = new Session();
+  session.connect();
+  const lockers = new Map<Kind, Locker>();
+  for (const kind of KINDS) lockers.set(kind, kind === 'scripts' ? await scriptsLocker(url) : await makeLocker(kind, url));
+  const out: Record<string, { bytesPerPair: number; top: string[] }> = {};
+  try {
+    for (const locker of lockers.values()) for (let i = 0; i < 500; i++) await (await locker.acquire(freshKey()))();
+    for (const [kind, locker] of lockers) {
+      await session.post('HeapProfiler.startSampling', { samplingInterval: 256, includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: true } as never);
+      for (let i = 0; i < pairs; i++) await (await locker.acquire(freshKey()))();
+      const { profile } = (await session.post('HeapProfiler.stopSampling')) as unknown as { profile: { head: HeapNode } };
+      const bySite = new Map<string, number>();
+      let total = 0;
+      const walk = (node: HeapNode) => {
+        const f = node.callFrame;
+        const site = `${f.functionName || '(anonymous)'} ${f.url.replace(/^.*(node_modules|\.bench-build)\//, '')}:${f.lineNumber + 1}`;
+        total += node.selfSize;
+        if (node.selfSize) bySite.set(site, (bySite.get(site) ?? 0) + node.selfSize);
+        node.children.forEach(walk);
+      };
+      walk(profile.head);
+      const top = [...bySite].sort((a, b) => b[1] - a[1]).slice(0, 12).map(([site, bytes]) => `${String(Math.round(bytes / pairs)).padStart(6)} B  ${site}`);
+      out[kind] = { bytesPerPair: Math.round(total / pairs), top };
+    }
+  } finally {
+    session.disconnect();
+    for (const locker of lockers.values()) await locker.close();
   }
   return out;
 }
@@ -165,6 +225,7 @@ async function main() {
   }
   const out: Record<string, Record<string, Cost>> = {};
   let http: Record<string, HttpCost> | undefined;
+  let alloc: Awaited<ReturnType<typeof allocations>> | undefined;
   try {
     for (const [scenario, workers, pairs] of [
       ['1 sequential', 1, 4_000],
@@ -199,6 +260,7 @@ async function main() {
       }
     }
     if (SCENARIOS.includes(4)) http = await profileHttp(redis.url, admin);
+    if (process.env.PROFILE_ALLOC) alloc = await allocations(redis.url);
   } finally {
     session?.disconnect();
     await admin.quit();
@@ -220,10 +282,15 @@ async function main() {
   }
   if (http) {
     console.log(`\n4 http (median of ${ROUNDS} interleaved rounds of ${HTTP_SECONDS} s, 16 connections)`);
-    console.log('endpoint'.padEnd(10), 'requests/s'.padStart(11), 'app CPU us/request'.padStart(19), 'Redis CPU us/request'.padStart(21));
+    console.log('endpoint'.padEnd(10), 'requests/s'.padStart(11), 'app CPU us/request'.padStart(19), 'Redis CPU us/request'.padStart(21), 'app CPU vs manual'.padStart(18), 'Redis CPU vs manual'.padStart(20));
     for (const [endpoint, c] of Object.entries(http)) {
-      console.log(endpoint.padEnd(10), String(c.requestsPerSec).padStart(11), String(c.appCpuUsPerRequest).padStart(19), String(c.redisCpuUsPerRequest).padStart(21));
+      console.log(endpoint.padEnd(10), String(c.requestsPerSec).padStart(11), String(c.appCpuUsPerRequest).padStart(19), String(c.redisCpuUsPerRequest).padStart(21), String(c.appCpuVsManual).padStart(18), String(c.redisCpuVsManual).padStart(20));
     }
+  }
+  if (alloc) {
+    console.log('\nbytes allocated by Node per sequential pair (sampling heap profiler, collected objects included)');
+    for (const [kind, a] of Object.entries(alloc)) console.log(`${kind}: ${a.bytesPerPair} B per pair\n${a.top.join('\n')}`);
+    if (process.env.PROFILE_ALLOC_OUT) writeFileSync(process.env.PROFILE_ALLOC_OUT, JSON.stringify(Object.fromEntries(Object.entries(alloc).map(([k, a]) => [k, a.bytesPerPair])), null, 2) + '\n');
   }
   if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify(out, null, 2) + '\n');
   if (process.env.PROFILE_HTTP_OUT && http) writeFileSync(process.env.PROFILE_HTTP_OUT, JSON.stringify(http, null, 2) + '\n');
