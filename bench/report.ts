@@ -51,7 +51,7 @@ export function writeReport(r: Results, file: string): void {
     `Measured ${r.date.slice(0, 10)} with \`npm run bench\` on one private redis-server over loopback: ` +
       `${r.machine.cores} cores (${r.machine.cpu ?? 'unknown CPU'}), Node ${r.machine.node}, Redis ${r.machine.redis}. ` +
       (r.slices
-        ? `Scenarios 1, 2 and 4 run in ${r.slices} rounds of short slices (500 sequential pairs; 64 workers x 40 pairs; 2 s of autocannon), every library or endpoint once per round in a rotated order, on clients opened once: each figure is the median of its ${r.slices} slices, and each ratio the median of the ${r.slices} per-round ratios, so that the two sides of a ratio always ran within a second or two of each other (the speed of this machine moves by up to 2 x from one second to the next: the raw limit's slices below). Scenarios 3 and 5: the median of ${r.repeats} runs. `
+        ? `Scenarios 1, 2 and 4 run in ${r.slices} rounds of short slices (500 sequential pairs; 64 workers x 40 pairs; 2 s of autocannon), every library or endpoint once per round in a rotated order, on clients opened once: each figure is the median of its ${r.slices} slices, and each ratio the median of the ${r.slices} per-round ratios, so that the two sides of a ratio always ran within a second or two of each other (the speed of this machine moves by up to 2 x from one second to the next${spanOf(r.sequential?.raw)}). Scenarios 3 and 5: the median of ${r.repeats} runs. `
         : `Each figure is the median of ${r.repeats} runs (scenarios 1 and 2 interleave the libraries and scenario 4 the endpoints, in a rotated order each round, so none is always the cold first one). `) +
       'Ratios compare figures of the same run only. Raw results: ' +
       '[`bench/results/latest.json`](bench/results/latest.json).',
@@ -128,9 +128,9 @@ export function writeReport(r: Results, file: string): void {
     if (h.service && h.interceptor) {
       const us = (rps: unknown) => 1e6 / n(rps);
       out.push(
-        `Per request, in microseconds of the app's time: the hand-written lock adds ${(us(h.manual!.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, ` +
-          `LockService.run() ${(us(h.service.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, LockInterceptor alone (no lock) ${(us(h.interceptor.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, ` +
-          `and @Locked ${(us(h.locked!.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)} (the lock and the interceptor measured apart add up to ${(us(h.service.requestsPerSec) + us(h.interceptor.requestsPerSec) - 2 * us(h.none!.requestsPerSec)).toFixed(0)}; the rest is not broken down yet).`,
+        `Per request, in microseconds of the app's time (from the medians above): the hand-written lock adds ${(us(h.manual!.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, ` +
+          `LockService.run() ${(us(h.service.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, @Locked ${(us(h.locked!.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}, ` +
+          `and LockInterceptor alone (no lock; @Locked no longer goes through it on HTTP routes) ${(us(h.interceptor.requestsPerSec) - us(h.none!.requestsPerSec)).toFixed(0)}.`,
         '',
       );
     }
@@ -174,7 +174,9 @@ interface Extras {
   /** The same on the code before the profiling work (bench/results/profile-before.json). */
   profileBefore?: Record<string, Record<string, Cost>>;
   /** Scenario 4 of `npm run bench:profile`: CPU per request of the app and of Redis (bench/results/profile-http.json). */
-  profileHttp?: Record<string, { requestsPerSec: number; appCpuUsPerRequest: number; redisCpuUsPerRequest: number }>;
+  profileHttp?: Record<string, { requestsPerSec: number; appCpuUsPerRequest: number; redisCpuUsPerRequest: number; appCpuVsManual?: number; redisCpuVsManual?: number }>;
+  /** `PROFILE_ALLOC=1 npm run bench:profile`: bytes Node allocates per sequential pair (bench/results/profile-alloc.json). */
+  alloc?: Record<string, number>;
   /** `npm run bench:instructions` (bench/results/redis-instructions.json). */
   instructions?: { pairs: number; instructionsPerPair: Record<string, number> };
 }
@@ -184,7 +186,7 @@ function readExtras(root: string): Extras {
     const path = join(root, 'bench', 'results', name);
     return existsSync(path) ? JSON.parse(readFileSync(path, 'utf8')) : undefined;
   };
-  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), profileHttp: read('profile-http.json'), instructions: read('redis-instructions.json') };
+  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), profileHttp: read('profile-http.json'), instructions: read('redis-instructions.json'), alloc: read('profile-alloc.json') };
 }
 
 
@@ -214,14 +216,17 @@ function explainMisses(r: Results, e: Extras): string[] {
       text +=
         ` Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${x(seq.scripts.pairsPerSec, seq.raw!.pairsPerSec)} raw in scenario 1 and ${x(par.scripts.pairsPerSec, par.raw!.pairsPerSec)} in scenario 2 in that run: the ceiling for this data model on this machine. ` +
         `LockService adds ${(seq['nestjs-locked']!.nodeCpuUsPerPair - seq.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 1) and ${(par['nestjs-locked']!.nodeCpuUsPerPair - par.scripts.nodeCpuUsPerPair).toFixed(1)} us (scenario 2) of Node CPU per pair on top. ` +
+        (e.alloc?.raw && e.alloc.scripts && e.alloc['nestjs-locked']
+          ? `It allocates ${fmt(e.alloc['nestjs-locked'])} bytes per pair in Node, against ${fmt(e.alloc.scripts)} for the bare scripts and ${fmt(e.alloc.raw)} for the raw limit (\`PROFILE_ALLOC=1 npm run bench:profile\`: the handle, the held-lock record, the owner's context and the promises of each step). `
+          : '') +
         'In scenario 2 Redis and Node share the 2 cores, so pairs/s follows the sum of both processes\' CPU per pair.';
     }
-    text += ' Left as is: the hold count, the fencing token and the wake-up announcement are what the lock promises (issues 1 and 4). Ratios also move with the machine: for the same code, back-to-back runs have given 0.67 to 0.93 x raw in scenario 1';
+    text += ' Left as is: the hold count, the fencing token and the wake-up announcement are what the lock promises (issues 1 and 4). Ratios also move with the machine: before these scenarios ran in short slices (2026-11-24), back-to-back runs of the same code gave 0.67 to 0.93 x raw in scenario 1';
     // Each round runs every library once, back to back: the spread of one round's ratio shows the noise.
     const spread = (rows: Record<string, Row> | undefined) => spreadOf(rows?.['nestjs-locked']?.runs as number[] | undefined, rows?.raw?.runs as number[] | undefined);
     const s1 = spread(r.sequential);
     const s2 = spread(r.concurrent);
-    text += s1 && s2 ? `, and within this run one round's ratio went from ${s1} (scenario 1) and ${s2} (scenario 2).` : '.';
+    text += s1 && s2 ? `; within this run one round's ratio went from ${s1} (scenario 1) and ${s2} (scenario 2), and the targets read the median.` : '.';
     lines.push(text);
   }
   if (r.contended) {
@@ -252,15 +257,20 @@ function explainMisses(r: Results, e: Extras): string[] {
       '- **Scenario 4, @Locked against the hand-written lock.** ' +
         (h.service ? `LockService.run() inside the handler served ${xr(rel(h.service, h.manual!, 'requestsPerSec'))} the hand-written lock's requests/s and @Locked ${xr(rel(h.locked!, h.manual!, 'requestsPerSec'))}. ` : '') +
         'Profiling showed that most of the gap was the Nest interceptor @Locked used to apply to every handler (the LockInterceptor-only row: Nest wraps every call of a handler that has interceptors in rxjs, whatever the interceptor does); since 2026-11-23 @Locked gets the call site as an extra parameter instead (README, "How it is built"), which moved @Locked from 0.70 x to 0.86 x in a `BENCH_ONLY=4` run. ' +
-        (e.profileHttp
-          ? `What is left is on the Redis side: in \`npm run bench:profile\` (scenario 4 there, CPU time per request) the app's process spends ${e.profileHttp.locked!.appCpuUsPerRequest} us on an @Locked request, ${e.profileHttp.manual!.appCpuUsPerRequest} us on a hand-written one and ${e.profileHttp.service!.appCpuUsPerRequest} us with LockService.run() (the decorator's pipeline, key template, context and call site, no longer shows), while Redis spends ${e.profileHttp.locked!.redisCpuUsPerRequest} us against ${e.profileHttp.manual!.redisCpuUsPerRequest} us: the cost of our scripts (scenarios 1 and 2), on the same 2 cores as the app.`
-          : 'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2), and the decorator\'s pipeline (key template, AsyncLocalStorage context, call-site parameter) is not broken down further.') +
+        (e.profileHttp?.locked?.appCpuVsManual !== undefined && e.profileHttp.service?.appCpuVsManual !== undefined
+          ? `What is left is the lock's own work, in the app and in Redis: in \`npm run bench:profile\` (scenario 4 there: CPU time per request, each endpoint against the hand-written lock of the same round), an @Locked request costs the app's process ${xr(e.profileHttp.locked.appCpuVsManual)} and Redis ${xr(e.profileHttp.locked.redisCpuVsManual!)} what a hand-written one costs, and LockService.run() in the handler ${xr(e.profileHttp.service.appCpuVsManual)} and ${xr(e.profileHttp.service.redisCpuVsManual!)}: the decorator adds nothing measurable to the lock, and the lock costs more than SET NX in both processes (scenarios 1 and 2), on the same 2 cores as the app and autocannon. (An earlier profile, 7 rounds compared by their medians, had read the app's CPU per request as equal: the medians moved more than the difference.)`
+          : 'What is left: our lock costs more Node and Redis work than SET NX (scenarios 1 and 2).') +
         (rounds ? ` Within this run one round's ratio went from ${rounds}.` : '') +
-        ' Earlier full runs of 2026-11-23 read 0.92, 0.96, 1.07, 0.88 and 0.85 x (met in three of them). ' +
-        'Compared round by round instead (the median of the per-round ratios, each round running the endpoints back to back), the seven full runs committed on 2026-11-23 (bench/results/latest.json in git, up to bce9c60) read 0.80 to 0.93, and 0.69 once: by that measure the target has not been met in a full run; the decorator costs no more app CPU than the hand-written lock (above), so the rest is the Redis work per request and this machine.',
+        ' Before the endpoints ran in 2 s slices (2026-11-24), full runs of 2026-11-23 read 0.92, 0.96, 1.07, 0.88 and 0.85 x by their medians, and 0.80 to 0.93, and 0.69 once, round by round (the seven runs committed, bench/results/latest.json in git up to bce9c60): the target has not been met in a full run by the round-by-round measure, which this report now uses.',
     );
   }
   return lines;
+}
+
+/** ": in this run, the raw limit's own slices in scenario 1 went from A to B pairs/s", or nothing without slices. */
+function spanOf(raw: Row | undefined): string {
+  const runs = raw?.runs as number[] | undefined;
+  return runs?.length ? `: in this run, the raw limit's own slices in scenario 1 went from ${fmt(Math.min(...runs))} to ${fmt(Math.max(...runs))} pairs/s` : '';
 }
 
 /** The lowest and highest round-by-round ratio of `ours` to `base` ("0.71 to 1.16"); undefined when the rounds do not pair up. */
@@ -306,11 +316,14 @@ function profileSection(e: Extras): string[] {
       '',
       ...(e.profileHttp
         ? [
-            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-11-23, medians of 7 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu).`,
+            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-11-24, medians of 15 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu); the last two columns compare each endpoint with the hand-written lock of the same round (the median of the 15 per-round ratios), which the load of the machine moves far less than the medians.`,
             '',
-            '| endpoint | requests/s | vs hand-written lock | app CPU us/request | Redis CPU us/request |',
-            '|---|---|---|---|---|',
-            ...Object.entries(e.profileHttp).map(([endpoint, c]) => `| ${HTTP_LABELS[endpoint] ?? endpoint} | ${fmt(c.requestsPerSec)} | ${x(c.requestsPerSec, e.profileHttp!.manual!.requestsPerSec)} | ${c.appCpuUsPerRequest} | ${c.redisCpuUsPerRequest} |`),
+            '| endpoint | requests/s | vs hand-written lock | app CPU us/request | Redis CPU us/request | app CPU vs hand-written lock, round by round | Redis CPU vs hand-written lock, round by round |',
+            '|---|---|---|---|---|---|---|',
+            ...Object.entries(e.profileHttp).map(
+              ([endpoint, c]) =>
+                `| ${HTTP_LABELS[endpoint] ?? endpoint} | ${fmt(c.requestsPerSec)} | ${x(c.requestsPerSec, e.profileHttp!.manual!.requestsPerSec)} | ${c.appCpuUsPerRequest} | ${c.redisCpuUsPerRequest} | ${c.appCpuVsManual === undefined ? '' : xr(c.appCpuVsManual)} | ${c.redisCpuVsManual === undefined ? '' : xr(c.redisCpuVsManual)} |`,
+            ),
             '',
           ]
         : []),
