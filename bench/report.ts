@@ -246,7 +246,7 @@ function explainMisses(r: Results, e: Extras): string[] {
           'Fair mode hands the lock over inside the release script: the next waiter in the queue is the holder when the release returns, and learns it from the release reply (same process) or the release message, without a round trip of its own. ' +
           'Default mode cannot: it lets any newcomer take a free lock (that is what makes it unfair, and cheaper when uncontended), so a release frees the lock and wakes one waiter, which then needs its own acquire round trip: two hops where fair mode has one. Handing the lock over in default mode too would have a price there: a waiter that crashed after it was queued holds a handed-over lock until its handover lease ends (up to fairQueueTimeoutMs), where today a crashed waiter costs the others nothing. ' +
           `Against PING: from the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawWithinPing ? 'only just stays within 2 x PING' : 'does not come within 2 x PING either'} in this run; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ` +
-          'Ratios move with the machine: the raw limit\'s handoff went from 0.09 to 0.27 ms between runs of 2026-11-23.',
+          'Ratios move with the machine: the raw limit\'s handoff went from 0.09 to 0.36 ms between runs of 2026-11-23 and 24.',
       );
     }
   }
