@@ -135,12 +135,12 @@ async function profileHttp(url: string, admin: Redis): Promise<Record<string, Ht
     }
   }
   await app.stop();
+  type Measured = 'requestsPerSec' | 'appCpuUsPerRequest' | 'redisCpuUsPerRequest';
+  // CPU time per request moves with the machine's load too; rounds compare endpoints measured seconds apart.
+  const manual = runs.get('manual')!;
   const out: Record<string, HttpCost> = {};
   for (const [endpoint, costs] of runs) {
-    type Measured = 'requestsPerSec' | 'appCpuUsPerRequest' | 'redisCpuUsPerRequest';
     const pick = (f: Measured) => median(costs.map((c) => c[f]));
-    // CPU time per request moves with the machine's load too; rounds compare endpoints measured seconds apart.
-    const manual = runs.get('manual')!;
     const vsManual = (f: Measured) => round(median(costs.map((c, r) => c[f] / manual[r]![f])), 3);
     out[endpoint] = {
       requestsPerSec: pick('requestsPerSec'),
@@ -153,8 +153,17 @@ async function profileHttp(url: string, admin: Redis): Promise<Record<string, Ht
   return out;
 }
 
+interface CallFrame {
+  functionName: string;
+  url: string;
+  lineNumber: number;
+}
+
+/** "function file:line" of a V8 profile's call frame, the file relative to node_modules or the build. */
+const frameLabel = (f: CallFrame) => `${f.functionName || '(anonymous)'} ${f.url.replace(/^.*(node_modules|\.bench-build)\//, '')}:${f.lineNumber + 1}`;
+
 interface HeapNode {
-  callFrame: { functionName: string; url: string; lineNumber: number };
+  callFrame: CallFrame;
   selfSize: number;
   children: HeapNode[];
 }
@@ -179,8 +188,7 @@ async function allocations(url: string, pairs = 3_000): Promise<Record<string, {
       const bySite = new Map<string, number>();
       let total = 0;
       const walk = (node: HeapNode) => {
-        const f = node.callFrame;
-        const site = `${f.functionName || '(anonymous)'} ${f.url.replace(/^.*(node_modules|\.bench-build)\//, '')}:${f.lineNumber + 1}`;
+        const site = frameLabel(node.callFrame);
         total += node.selfSize;
         if (node.selfSize) bySite.set(site, (bySite.get(site) ?? 0) + node.selfSize);
         node.children.forEach(walk);
@@ -197,13 +205,12 @@ async function allocations(url: string, pairs = 3_000): Promise<Record<string, {
 }
 
 /** Self time per function of a V8 CPU profile, top `n`. */
-function topSelfTime(profile: { nodes: { id: number; callFrame: { functionName: string; url: string; lineNumber: number } }[]; samples: number[]; timeDeltas: number[] }, n: number) {
+function topSelfTime(profile: { nodes: { id: number; callFrame: CallFrame }[]; samples: number[]; timeDeltas: number[] }, n: number) {
   const byId = new Map(profile.nodes.map((node) => [node.id, node]));
   const self = new Map<string, number>();
   let total = 0;
   profile.samples.forEach((id, i) => {
-    const frame = byId.get(id)!.callFrame;
-    const name = `${frame.functionName || '(anonymous)'} ${frame.url.replace(/^.*(node_modules|\.bench-build)\//, '')}:${frame.lineNumber + 1}`;
+    const name = frameLabel(byId.get(id)!.callFrame);
     const dt = profile.timeDeltas[i] ?? 0;
     self.set(name, (self.get(name) ?? 0) + dt);
     total += dt;

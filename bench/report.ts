@@ -29,9 +29,8 @@ const check = (ok: boolean) => (ok ? 'met' : '**missed**');
  * between rounds cancels out. Rows without such rounds: the ratio of the two figures.
  */
 const rel = (a: Row, b: Row, field: string) => {
-  const ra = a.runs as number[] | undefined;
-  const rb = b.runs as number[] | undefined;
-  return ra && rb && ra.length === rb.length && ra.length > 0 ? median(ra.map((v, i) => v / rb[i]!)) : n(a[field]) / n(b[field]);
+  const ratios = roundRatios(a.runs as number[] | undefined, b.runs as number[] | undefined);
+  return ratios ? median(ratios) : n(a[field]) / n(b[field]);
 };
 const xr = (ratio: number) => `${ratio.toFixed(2)}x`;
 const ANCHORS = ['redlock', 'sesame-redlock', 'redis-semaphore'];
@@ -273,10 +272,16 @@ function spanOf(raw: Row | undefined): string {
   return runs?.length ? `: in this run, the raw limit's own slices in scenario 1 went from ${fmt(Math.min(...runs))} to ${fmt(Math.max(...runs))} pairs/s` : '';
 }
 
-/** The lowest and highest round-by-round ratio of `ours` to `base` ("0.71 to 1.16"); undefined when the rounds do not pair up. */
-function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
+/** Each round's ratio of `ours` to `base`; undefined when the rounds do not pair up. */
+function roundRatios(ours: number[] | undefined, base: number[] | undefined): number[] | undefined {
   if (!ours || !base || ours.length !== base.length || ours.length === 0) return undefined;
-  const ratios = ours.map((v, i) => v / base[i]!);
+  return ours.map((v, i) => v / base[i]!);
+}
+
+/** The lowest and highest round-by-round ratio of `ours` to `base`, and their median ("0.71 to 1.16, median 0.93"); undefined when the rounds do not pair up. */
+function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
+  const ratios = roundRatios(ours, base);
+  if (!ratios) return undefined;
   return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}, median ${median(ratios).toFixed(2)}`;
 }
 

@@ -92,18 +92,6 @@ async function repeated<T extends Row>(fn: () => Promise<T>, by: keyof T): Promi
 let keySeq = 0;
 const freshKey = () => `bench:${process.pid}:${++keySeq}`;
 
-// 1. One client, sequential acquire + release on fresh keys: one slice is `pairs` pairs.
-async function sequential(locker: Locker, pairs = 500): Promise<Slice> {
-  const latencies: number[] = [];
-  const started = performance.now();
-  for (let i = 0; i < pairs; i++) {
-    const t = performance.now();
-    await (await locker.acquire(freshKey()))();
-    latencies.push(performance.now() - t);
-  }
-  return { rate: (pairs / (performance.now() - started)) * 1000, latencies };
-}
-
 async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
   const client = new Redis(url);
   for (let i = 0; i < 200; i++) await client.ping();
@@ -119,8 +107,9 @@ async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
   return { pingsPerSec: round((count / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
 }
 
-// 2. 64 concurrent workers on distinct keys: one slice is `pairsEach` pairs per worker.
-async function concurrent(locker: Locker, workers = 64, pairsEach = 40): Promise<Slice> {
+// 1. One client, sequential acquire + release on fresh keys (one slice: 1 worker x 500 pairs), and
+// 2. 64 concurrent workers on distinct keys (64 workers x 40 pairs): `workers` loops of `pairsEach` pairs.
+async function pairs(locker: Locker, workers: number, pairsEach: number): Promise<Slice> {
   const latencies: number[] = [];
   const started = performance.now();
   await Promise.all(
@@ -293,11 +282,11 @@ async function main() {
     if (ONLY.includes(1)) {
       log('1. sequential');
       const ping = await repeated(() => pingRoundTrip(url), 'pingsPerSec');
-      results.sequential = { ping, ...(await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => sequential(locker), (locker) => locker.close(), 'pairsPerSec')) };
+      results.sequential = { ping, ...(await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 1, 500), (locker) => locker.close(), 'pairsPerSec')) };
     }
     if (ONLY.includes(2)) {
       log('2. 64 concurrent workers');
-      results.concurrent = await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => concurrent(locker), (locker) => locker.close(), 'pairsPerSec');
+      results.concurrent = await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 64, 40), (locker) => locker.close(), 'pairsPerSec');
     }
     if (ONLY.includes(3)) {
       const s3: Record<string, Record<string, Row>> = {};
