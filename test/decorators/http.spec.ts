@@ -103,8 +103,9 @@ class ItemsController {
 
   @Sse(':id/stream')
   @Locked('stream:<0>')
-  stream(@Param('id') id: string): Observable<{ data: number }> {
-    return interval(20).pipe(map((n) => ({ data: n })));
+  stream(@Param('id') id: string): Observable<{ data: { n: number } }> {
+    // An event's data is a string or an object (MessageEvent): a number would error the stream.
+    return interval(20).pipe(map((n) => ({ data: { n } })));
   }
 }
 
@@ -227,7 +228,15 @@ for (const platform of ['express', 'fastify'] as const) {
       const controller = new AbortController();
       const res = await fetch(`${url}/items/s1/stream`, { signal: controller.signal });
       const reader = res.body!.getReader();
-      await reader.read();
+      // Three events have arrived: the stream is open (not ended by an error) and holds the lock.
+      const decoder = new TextDecoder();
+      let received = '';
+      while ((received.match(/^data: /gm) ?? []).length < 3) {
+        const { value, done } = await reader.read();
+        expect(done).toBe(false);
+        received += decoder.decode(value, { stream: true });
+      }
+      expect(received).toContain('data: {"n":2}');
       await acquired;
       expect(await locks.isLocked('stream:s1')).toBe(true);
       const released = nextEvent(locks.events$, 'released', (e) => e.key === 'stream:s1');
