@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
+import { batchWrites } from './write-batching.js';
 
 /**
  * One Lua script: sent by SHA (EVALSHA), with the full text as a fallback when the server does not
@@ -17,6 +18,7 @@ export class RedisScript {
   }
 
   run(client: Redis | Cluster, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+    batchWrites(client);
     return client.evalsha(this.sha, keys.length, ...keys, ...args).catch((error: unknown) => {
       if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
       return client.eval(this.lua, keys.length, ...keys, ...args);

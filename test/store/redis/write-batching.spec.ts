@@ -1,0 +1,65 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import type { LockHandle } from '../../../lib/index.js';
+import { COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
+import { startLockApp, type LockApp } from '../../support/lock-testing.js';
+import { RedisServer } from '../../support/redis-server.js';
+
+/** How many times Redis has read from its clients' sockets (INFO stats). */
+async function readsProcessed(admin: Redis): Promise<number> {
+  const info = await admin.info('stats');
+  return Number(/total_reads_processed:(\d+)/.exec(info)![1]);
+}
+
+/**
+ * Redis's reads of the lock connection while `send` runs: the INFO after it is one read of its own
+ * (the admin connection is otherwise idle, and nothing else talks to this server).
+ */
+async function readsDuring(admin: Redis, send: () => Promise<unknown>): Promise<number> {
+  const before = await readsProcessed(admin);
+  await send();
+  return (await readsProcessed(admin)) - before - 1;
+}
+
+describe('write batching on the lock connection', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  let admin: Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    admin = redis.client();
+    app = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('sends the locks taken and released in one turn of the event loop in one socket write per 8 commands', async () => {
+    const count = 4 * COMMANDS_PER_WRITE;
+    const keys = Array.from({ length: count }, (_, i) => `batch:${i}`);
+    let handles: LockHandle[] = [];
+    // One command per key: written one by one, Redis would read each on its own (up to `count` reads).
+    const acquireReads = await readsDuring(admin, async () => (handles = await Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 })))));
+    expect(handles.map((h) => h.key)).toEqual(keys);
+    expect(acquireReads).toBeGreaterThanOrEqual(1);
+    expect(acquireReads).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    const releaseReads = await readsDuring(admin, () => Promise.all(handles.map((h) => h.release())));
+    expect(releaseReads).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
+  });
+
+  it('keeps the order of the commands of a shared connection', async () => {
+    const client = redis.client();
+    const shared = await startLockApp({ redis: client });
+    try {
+      // In one turn: the application's writes around the lock's own commands, on one socket.
+      const [, handle, , value] = await Promise.all([client.set('seq', 'before'), shared.locks.acquire('seq-lock'), client.set('seq', 'after'), client.get('seq')]);
+      expect(value).toBe('after');
+      expect(await admin.hgetall('lock:{seq-lock}')).toEqual({ [handle.owner]: '1' });
+      await handle.release();
+    } finally {
+      await shared.close();
+    }
+  });
+});
