@@ -286,7 +286,7 @@ async function main() {
     }
     if (ONLY.includes(2)) {
       log('2. 64 concurrent workers');
-      results.concurrent = await sliced(simple, (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 64, 40), (locker) => locker.close(), 'pairsPerSec');
+      results.concurrent = await sliced([...simple, 'raw-batched'], (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 64, 40), (locker) => locker.close(), 'pairsPerSec');
     }
     if (ONLY.includes(3)) {
       const s3: Record<string, Record<string, Row>> = {};
