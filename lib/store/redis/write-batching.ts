@@ -1,7 +1,10 @@
 import type { Cluster, Redis } from 'ioredis';
+// Node's own, not the global: a test runner's fake timers (Jest's replace the global setImmediate)
+// must not hold the lock's commands back.
+import { setImmediate } from 'node:timers';
 
 /**
- * Commands written to one connection per socket write, at most: the rest of a turn's commands
+ * Commands written to one connection per socket write, at most: the rest of a batch's commands
  * follow in further writes. Redis starts on the first writes while Node is still producing the
  * next ones, so both processes work at once instead of taking turns on one large batch.
  */
@@ -12,25 +15,27 @@ interface Corkable {
   uncork(): void;
 }
 
-/** Connections corked in this turn of the event loop, with how many commands wait in the current write. */
+/** Connections corked until the next immediate, with how many commands wait in the current write. */
 const corked = new WeakMap<Corkable, number>();
 
-function uncorkAtEndOfTurn(stream: Corkable): void {
+function uncorkAfterPoll(stream: Corkable): void {
   corked.delete(stream);
   stream.uncork();
 }
 
 /**
- * Coalesces what nestjs-locked sends on `client`'s connection in one turn of the event loop into a
+ * Coalesces what nestjs-locked sends on `client`'s connection in one pass of the event loop into a
  * few socket writes (one per COMMANDS_PER_WRITE commands). Call it right before sending a command.
  *
  * ioredis writes each command to its socket as it is sent: a system call per command, and on the
  * other side a read (and a wake-up) per command. When many locks are taken or released at once
- * (concurrent requests, whose Redis replies arrive in one read), the socket is corked for the rest
- * of the turn and uncorked by `process.nextTick`, after the turn's promise callbacks have run, so
- * the commands they send leave in one `writev`. A lone command waits only for that turn's own
- * callbacks. Nothing is reordered (a corked socket keeps the order of every write, the
- * application's own commands on a shared client included) and nothing changes what Redis runs.
+ * (concurrent requests read in one poll of the event loop, or Redis replies that arrive in one
+ * read), the socket is corked until `setImmediate`, which runs once the I/O callbacks of that poll
+ * and their promise callbacks have sent their commands, so they leave in one `writev` per
+ * COMMANDS_PER_WRITE. A lone command waits only for that poll's other callbacks (an immediate that
+ * is pending keeps the loop from blocking for I/O). Nothing is reordered (a corked socket keeps the
+ * order of every write, the application's own commands on a shared client included) and nothing
+ * changes what Redis runs.
  *
  * A Cluster client (no single socket) and a client without a connection yet are left alone.
  */
@@ -41,7 +46,7 @@ export function batchWrites(client: Redis | Cluster): void {
   if (waiting === undefined) {
     stream.cork();
     corked.set(stream, 1);
-    process.nextTick(uncorkAtEndOfTurn, stream);
+    setImmediate(uncorkAfterPoll, stream);
   } else if (waiting >= COMMANDS_PER_WRITE) {
     // This write is full: send it, and start the next one.
     stream.uncork();

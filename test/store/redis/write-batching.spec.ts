@@ -1,5 +1,6 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import type { Redis } from 'ioredis';
+import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { LockHandle } from '../../../lib/index.js';
 import { COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
 import { startLockApp, type LockApp } from '../../support/lock-testing.js';
@@ -35,11 +36,12 @@ describe('write batching on the lock connection', () => {
     await redis?.stop();
   });
 
-  it('sends the locks taken and released in one turn of the event loop in one socket write per 8 commands', async () => {
+  it('sends the locks taken and released in one pass of the event loop in one socket write per 8 commands', async () => {
     const count = 4 * COMMANDS_PER_WRITE;
     const keys = Array.from({ length: count }, (_, i) => `batch:${i}`);
     let handles: LockHandle[] = [];
-    // One command per key: written one by one, Redis would read each on its own (up to `count` reads).
+    // Started in one pass of the event loop, one command per key: written one by one, Redis would
+    // read each on its own (up to `count` reads).
     const acquireReads = await readsDuring(admin, async () => (handles = await Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 })))));
     expect(handles.map((h) => h.key)).toEqual(keys);
     expect(acquireReads).toBeGreaterThanOrEqual(1);
@@ -47,6 +49,28 @@ describe('write batching on the lock connection', () => {
     const releaseReads = await readsDuring(admin, () => Promise.all(handles.map((h) => h.release())));
     expect(releaseReads).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
     expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
+  });
+
+  it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
+    // A command held back would never be answered: bounded by Node's own (not faked) timer.
+    const within = async <T>(step: Promise<T>): Promise<T> => {
+      let timer: ReturnType<typeof realSetTimeout> | undefined;
+      const bound = new Promise<never>((_, reject) => (timer = realSetTimeout(() => reject(new Error('no answer within 5 s')), 5_000)));
+      try {
+        return await Promise.race([step, bound]);
+      } finally {
+        realClearTimeout(timer);
+      }
+    };
+    jest.useFakeTimers();
+    try {
+      const handle = await within(app.locks.acquire('faked', { waitMs: 0 }));
+      expect(await admin.exists('lock:{faked}')).toBe(1);
+      await within(handle.release());
+      expect(await admin.exists('lock:{faked}')).toBe(0);
+    } finally {
+      jest.useRealTimers();
+    }
   });
 
   it('keeps the order of the commands of a shared connection', async () => {
