@@ -53,7 +53,7 @@ export async function makeLocker(kind: LockerKind, url: string): Promise<Locker>
       // The least an owner-safe lock can do: SET NX PX, and a compare-and-delete script. Waiting is
       // a spin on SET NX with no delay: the fastest possible handoff, and the most Redis traffic.
       // raw-batched writes its commands as nestjs-locked does (one socket write per 8 commands sent
-      // in one turn of the event loop), to tell that batching from the rest of the lock's cost.
+      // in one pass of the event loop), to tell that batching from the rest of the lock's cost.
       const client = new Redis(url);
       const sha = (await client.script('LOAD', CAD)) as string;
       const batch = kind === 'raw-batched' ? () => batchWrites(client) : () => undefined;
