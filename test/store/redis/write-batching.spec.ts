@@ -87,3 +87,28 @@ describe('write batching on the lock connection', () => {
     }
   });
 });
+
+describe('write batching under Redlock', () => {
+  let nodes: RedisServer[] = [];
+  let app: LockApp;
+  beforeAll(async () => {
+    nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
+    app = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it("batches each node's connection on its own", async () => {
+    const count = 4 * COMMANDS_PER_WRITE;
+    const keys = Array.from({ length: count }, (_, i) => `redlock-batch:${i}`);
+    const admins = nodes.map((n) => n.client());
+    const before = await Promise.all(admins.map(readsProcessed));
+    const handles = await Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 })));
+    const after = await Promise.all(admins.map(readsProcessed));
+    // Each node: its reads of the lock connection, less the second INFO's own read.
+    for (const [i, reads] of after.entries()) expect(reads - before[i]! - 1).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    await Promise.all(handles.map((h) => h.release()));
+  });
+});
