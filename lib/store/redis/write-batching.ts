@@ -32,9 +32,12 @@ function uncorkAfterPoll(stream: Corkable): void {
  * (concurrent requests read in one poll of the event loop, or Redis replies that arrive in one
  * read), the socket is corked until `setImmediate`, which runs once the I/O callbacks of that poll
  * and their promise callbacks have sent their commands, so they leave in one `writev` per
- * COMMANDS_PER_WRITE. A lone command waits only for that poll's other callbacks (an immediate that
- * is pending keeps the loop from blocking for I/O). Nothing is reordered (a corked socket keeps the
- * order of every write, the application's own commands on a shared client included) and nothing
+ * COMMANDS_PER_WRITE. A command sent while the connection has nothing in flight and nothing corked
+ * is written at once: it has no batch to join yet, and one caller at a time (a sequential loop, a
+ * lone request) would otherwise wait for the immediate on every command (README, "Write
+ * batching"). Commands sent after it find it in flight and are corked. Nothing is reordered (a
+ * corked socket keeps the order of every write, the application's own commands on a shared
+ * client included, and a command is written at once only when nothing is corked) and nothing
  * changes what Redis runs.
  *
  * A Cluster client (no single socket) and a client without a connection yet are left alone.
@@ -44,6 +47,8 @@ export function batchWrites(client: Redis | Cluster): void {
   if (!stream || typeof stream.cork !== 'function') return;
   const waiting = corked.get(stream);
   if (waiting === undefined) {
+    // Nothing in flight and nothing corked: written at once (see above).
+    if ((client as Partial<Redis>).commandQueue?.length === 0) return;
     stream.cork();
     corked.set(stream, 1);
     setImmediate(uncorkAfterPoll, stream);

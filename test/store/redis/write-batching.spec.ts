@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { LockHandle } from '../../../lib/index.js';
-import { COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
+import { batchWrites, COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
 import { startLockApp, type LockApp } from '../../support/lock-testing.js';
 import { RedisServer } from '../../support/redis-server.js';
 
@@ -41,14 +41,36 @@ describe('write batching on the lock connection', () => {
     const keys = Array.from({ length: count }, (_, i) => `batch:${i}`);
     let handles: LockHandle[] = [];
     // Started in one pass of the event loop, one command per key: written one by one, Redis would
-    // read each on its own (up to `count` reads).
+    // read each on its own (up to `count` reads). Batched: the first command goes out at once (the
+    // connection had nothing in flight), the other count - 1 in writes of 8.
+    const writes = 1 + Math.ceil((count - 1) / COMMANDS_PER_WRITE);
     const acquireReads = await readsDuring(admin, async () => (handles = await Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 })))));
     expect(handles.map((h) => h.key)).toEqual(keys);
     expect(acquireReads).toBeGreaterThanOrEqual(1);
-    expect(acquireReads).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    expect(acquireReads).toBeLessThanOrEqual(writes);
     const releaseReads = await readsDuring(admin, () => Promise.all(handles.map((h) => h.release())));
-    expect(releaseReads).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    expect(releaseReads).toBeLessThanOrEqual(writes);
     expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
+  });
+
+  it('writes a command at once when its connection has nothing in flight, and corks the ones sent after it', async () => {
+    const client = redis.client();
+    try {
+      await client.ping();
+      const stream = client.stream as unknown as { writableCorked: number };
+      // One caller on its own: nothing to batch with, so it does not wait for the immediate.
+      batchWrites(client);
+      const alone = client.get('alone');
+      expect(stream.writableCorked).toBe(0);
+      // The next command of the same pass finds the first in flight: it waits for the batch.
+      batchWrites(client);
+      const next = client.get('next');
+      expect(stream.writableCorked).toBe(1);
+      expect(await Promise.all([alone, next])).toEqual([null, null]);
+      expect(stream.writableCorked).toBe(0);
+    } finally {
+      client.disconnect();
+    }
   });
 
   it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
@@ -108,7 +130,8 @@ describe('write batching under Redlock', () => {
     const handles = await Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 })));
     const after = await Promise.all(admins.map(readsProcessed));
     // Each node: its reads of the lock connection, less the second INFO's own read.
-    for (const [i, reads] of after.entries()) expect(reads - before[i]! - 1).toBeLessThanOrEqual(count / COMMANDS_PER_WRITE);
+    // The first command of each node goes out at once, the other count - 1 in writes of 8.
+    for (const [i, reads] of after.entries()) expect(reads - before[i]! - 1).toBeLessThanOrEqual(1 + Math.ceil((count - 1) / COMMANDS_PER_WRITE));
     await Promise.all(handles.map((h) => h.release()));
   });
 });
