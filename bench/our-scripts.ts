@@ -1,7 +1,7 @@
 // nestjs-locked's acquire and release scripts sent from a bare ioredis client, with the keys and
 // arguments RedisLockStore gives them (default prefix, no fair queue), for the profiling tools.
 import type { Redis } from 'ioredis';
-import { FENCE_COUNTER_TTL_MS } from '../lib/store/redis/lock.scripts.js';
+import { ACQUIRE, FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
 
 /** Loads an acquire and a release script; resolves to one acquire + release pair of `key` for `owner`. */
 export async function scriptsPair(client: Redis, acquire: string, release: string): Promise<(key: string, owner: string) => Promise<void>> {
@@ -12,3 +12,31 @@ export async function scriptsPair(client: Redis, acquire: string, release: strin
     await client.evalsha(r!, 2, name, `${name}:queue`, owner, name, 'publish');
   };
 }
+
+/**
+ * Our scripts with one part taken out, to tell what each part costs (bench:instructions counts
+ * redis-server's instructions, bench:profile the time): never used by the library.
+ */
+export const SCRIPT_VARIANTS = {
+  /** The same two EVALSHA calls with bodies that do nothing: the fixed cost of running a script. */
+  'scripts-empty': { label: 'breakdown: empty scripts', acquire: 'return {1, 1, 1}', release: 'return 0' },
+  'scripts-no-fencing': {
+    label: 'breakdown: acquire without fencing token',
+    acquire: `local lock, owner, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
+if redis.call('exists', lock) == 0 then redis.call('hset', lock, owner, '1') redis.call('pexpire', lock, ARGV[2]) return {1, 1, 0} end
+return {0, redis.call('pttl', lock)}`,
+    release: RELEASE,
+  },
+  'scripts-no-announcement': {
+    label: 'breakdown: release without announcement',
+    acquire: ACQUIRE,
+    release: `local lock, owner = KEYS[1], ARGV[1]
+local holds = redis.call('hget', lock, owner)
+if not holds then return -1 end
+if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
+redis.call('hdel', lock, owner)
+return 0`,
+  },
+} as const;
+
+export type ScriptVariant = keyof typeof SCRIPT_VARIANTS;

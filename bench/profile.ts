@@ -13,6 +13,11 @@
 // and the CPU time per request of the app's process (process.cpuUsage, asked over IPC) and of Redis
 // (INFO cpu), which tells the decorator's own cost from the lock's cost in Redis.
 // PROFILE_SCENARIOS picks the parts (default `1,2,4`).
+// PROFILE_KINDS picks the kinds (default `raw,scripts,nestjs-locked`); besides the lockers of
+// bench/lockers.ts, `scripts-empty`, `scripts-no-fencing` and `scripts-no-announcement` are the bare
+// scripts with one part taken out (bench/our-scripts.ts), which tells what each part costs in time.
+// Each kind's `vsRaw` is the median over the rounds of its pairs/s over the raw limit's in the same
+// round (when `raw` is one of the kinds).
 // PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function
 // (V8's sampling heap profiler, keeping the objects that were collected since), for each kind;
 // PROFILE_ALLOC_OUT=file writes the totals as JSON.
@@ -25,13 +30,13 @@ import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
 import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
 import { startHttpApp } from './http-app-child.js';
-import { scriptsPair } from './our-scripts.js';
+import { SCRIPT_VARIANTS, scriptsPair, type ScriptVariant } from './our-scripts.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
 import { median, round } from './stats.js';
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
-type Kind = LockerKind | 'scripts';
+type Kind = LockerKind | 'scripts' | ScriptVariant;
 const KINDS = (process.env.PROFILE_KINDS ?? 'raw,scripts,nestjs-locked').split(',') as Kind[];
 const SCENARIOS = (process.env.PROFILE_SCENARIOS ?? '1,2,4').split(',').map(Number);
 const HTTP_ENDPOINTS = ['none', 'locked', 'manual', 'service'] as const;
@@ -45,6 +50,8 @@ interface Cost {
   redisCpuUsPerPair: number;
   redisCommandsPerPair: number;
   commands: Record<string, number>;
+  /** The median of the per-round ratios of pairs/s to the raw limit's. */
+  vsRaw?: number;
 }
 
 async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Record<string, number> }> {
@@ -55,10 +62,10 @@ async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Reco
   return { cpuUs, calls };
 }
 
-/** nestjs-locked's acquire and release scripts from a bare client (no LockService). */
-async function scriptsLocker(url: string): Promise<Locker> {
+/** nestjs-locked's acquire and release scripts (or a variant of them) from a bare client (no LockService). */
+async function scriptsLocker(url: string, acquire = ACQUIRE, release = RELEASE): Promise<Locker> {
   const client = new Redis(url);
-  const pair = await scriptsPair(client, ACQUIRE, RELEASE);
+  const pair = await scriptsPair(client, acquire, release);
   let owner = 0;
   return {
     // One call does the whole pair: the release function is then a no-op.
@@ -70,8 +77,17 @@ async function scriptsLocker(url: string): Promise<Locker> {
   };
 }
 
+function makeKind(kind: Kind, url: string): Promise<Locker> {
+  if (kind === 'scripts') return scriptsLocker(url);
+  if (kind in SCRIPT_VARIANTS) {
+    const variant = SCRIPT_VARIANTS[kind as ScriptVariant];
+    return scriptsLocker(url, variant.acquire, variant.release);
+  }
+  return makeLocker(kind as LockerKind, url);
+}
+
 async function measure(kind: Kind, url: string, admin: Redis, workers: number, pairs: number): Promise<Cost> {
-  const locker = kind === 'scripts' ? await scriptsLocker(url) : await makeLocker(kind, url);
+  const locker = await makeKind(kind, url);
   await Promise.all(Array.from({ length: workers }, async () => (await locker.acquire(freshKey()))()));
   const perWorker = Math.ceil(pairs / workers);
   const before = await redisCounters(admin);
@@ -177,7 +193,7 @@ async function allocations(url: string, pairs = 3_000): Promise<Record<string, {
   const session = new Session();
   session.connect();
   const lockers = new Map<Kind, Locker>();
-  for (const kind of KINDS) lockers.set(kind, kind === 'scripts' ? await scriptsLocker(url) : await makeLocker(kind, url));
+  for (const kind of KINDS) lockers.set(kind, await makeKind(kind, url));
   const out: Record<string, { bytesPerPair: number; top: string[] }> = {};
   try {
     for (const locker of lockers.values()) for (let i = 0; i < 500; i++) await (await locker.acquire(freshKey()))();
@@ -264,6 +280,8 @@ async function main() {
           redisCommandsPerPair: pick('redisCommandsPerPair'),
           commands: costs[Math.floor(costs.length / 2)]!.commands,
         };
+        const raw = runs.get('raw');
+        if (raw && kind !== 'raw') out[scenario]![kind]!.vsRaw = round(median(costs.map((c, i) => c.pairsPerSec / raw[i]!.pairsPerSec)), 3);
       }
     }
     if (SCENARIOS.includes(4)) http = await profileHttp(redis.url, admin);
@@ -275,11 +293,12 @@ async function main() {
   }
   for (const [scenario, kinds] of Object.entries(out)) {
     console.log(`\n${scenario} (median of ${ROUNDS} interleaved rounds)`);
-    console.log('lock'.padEnd(20), 'pairs/s'.padStart(9), 'node us/pair'.padStart(13), 'redis us/pair'.padStart(14), 'cmds/pair'.padStart(10), ' commands per pair');
+    console.log('lock'.padEnd(24), 'pairs/s'.padStart(9), 'vs raw'.padStart(7), 'node us/pair'.padStart(13), 'redis us/pair'.padStart(14), 'cmds/pair'.padStart(10), ' commands per pair');
     for (const [kind, c] of Object.entries(kinds)) {
       console.log(
-        kind.padEnd(20),
+        kind.padEnd(24),
         String(c.pairsPerSec).padStart(9),
+        String(c.vsRaw ?? '').padStart(7),
         String(c.nodeCpuUsPerPair).padStart(13),
         String(c.redisCpuUsPerPair).padStart(14),
         String(c.redisCommandsPerPair).padStart(10),

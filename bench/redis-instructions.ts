@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
-import { scriptsPair } from './our-scripts.js';
+import { SCRIPT_VARIANTS, scriptsPair } from './our-scripts.js';
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PAIRS = Number(process.env.INSTRUCTIONS_PAIRS ?? 2_000);
@@ -42,23 +42,7 @@ const kinds: Record<string, (client: Redis) => Promise<Pair>> = {
 };
 
 if (process.env.INSTRUCTIONS_BREAKDOWN) {
-  // The same two EVALSHA calls with bodies that do nothing: the fixed cost of running a script.
-  kinds['breakdown: empty scripts'] = ourPair('return {1, 1, 1}', 'return 0');
-  kinds['breakdown: acquire without fencing token'] = ourPair(
-    `local lock, owner, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
-if redis.call('exists', lock) == 0 then redis.call('hset', lock, owner, '1') redis.call('pexpire', lock, ARGV[2]) return {1, 1, 0} end
-return {0, redis.call('pttl', lock)}`,
-    RELEASE,
-  );
-  kinds['breakdown: release without announcement'] = ourPair(
-    ACQUIRE,
-    `local lock, owner = KEYS[1], ARGV[1]
-local holds = redis.call('hget', lock, owner)
-if not holds then return -1 end
-if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
-redis.call('hdel', lock, owner)
-return 0`,
-  );
+  for (const variant of Object.values(SCRIPT_VARIANTS)) kinds[variant.label] = ourPair(variant.acquire, variant.release);
 }
 
 // INSTRUCTIONS_BEFORE=<commit>[,<commit>...]: the scripts of earlier commits, each its own row.

@@ -86,7 +86,7 @@ export function writeReport(r: Results, file: string): void {
       out.push(
         'nestjs-locked writes the commands its callers send in one pass of the event loop together, one socket write per 8 (README, "Write batching"), where ioredis alone writes each command on its own: with 64 callers, Redis then reads and Node writes once per 8 commands instead of once per command. ' +
           `\`raw-batched\` is the raw limit sending its commands the same way: it tells that batching apart from the rest of the lock's cost. nestjs-locked reaches ${xr(rel(s['nestjs-locked']!, s['raw-batched'], 'pairsPerSec'))} of it, and the batching alone takes the raw limit to ${xr(rel(s['raw-batched'], s.raw!, 'pairsPerSec'))}. ` +
-          'One caller at a time (scenario 1) has nothing to batch.',
+          'One caller at a time (scenario 1) has nothing to batch: a command sent while its connection has nothing in flight is written at once.',
         '',
       );
     }
@@ -175,6 +175,7 @@ interface Cost {
   nodeCpuUsPerPair: number;
   redisCpuUsPerPair: number;
   redisCommandsPerPair: number;
+  vsRaw?: number;
 }
 interface Extras {
   /** `npm run bench:profile` on the current code (bench/results/profile.json). */
@@ -185,6 +186,8 @@ interface Extras {
   profileHttp?: Record<string, { requestsPerSec: number; appCpuUsPerRequest: number; redisCpuUsPerRequest: number; appCpuVsManual?: number; redisCpuVsManual?: number }>;
   /** `PROFILE_ALLOC=1 npm run bench:profile`: bytes Node allocates per sequential pair (bench/results/profile-alloc.json). */
   alloc?: Record<string, number>;
+  /** Scenario 1 of `npm run bench:profile` with the script variants (bench/results/profile-breakdown.json). */
+  breakdown?: Record<string, Record<string, Cost>>;
   /** `npm run bench:instructions` (bench/results/redis-instructions.json). */
   instructions?: { pairs: number; instructionsPerPair: Record<string, number> };
 }
@@ -194,7 +197,7 @@ function readExtras(root: string): Extras {
     const path = join(root, 'bench', 'results', name);
     return existsSync(path) ? JSON.parse(readFileSync(path, 'utf8')) : undefined;
   };
-  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), profileHttp: read('profile-http.json'), instructions: read('redis-instructions.json'), alloc: read('profile-alloc.json') };
+  return { profile: read('profile.json'), profileBefore: read('profile-before.json'), profileHttp: read('profile-http.json'), instructions: read('redis-instructions.json'), alloc: read('profile-alloc.json'), breakdown: read('profile-breakdown.json') };
 }
 
 
@@ -219,6 +222,18 @@ function explainMisses(r: Results, e: Extras): string[] {
         text += `: of our ${fmt(ours)}, two EVALSHA calls with empty bodies already cost ${fmt(empty)} (the whole raw pair: ${fmt(i.raw!)}), the fencing token ${fmt(ours - noFence)}, the announcement ${fmt(ours - noAnnounce)}`;
       }
       text += '.';
+    }
+    const b = e.breakdown?.['1 sequential'];
+    if (missed1 && b?.scripts?.vsRaw !== undefined && b['scripts-no-fencing']?.vsRaw !== undefined && b['scripts-no-announcement']?.vsRaw !== undefined && b['scripts-empty']?.vsRaw !== undefined) {
+      text +=
+        ` In time, one caller at a time (\`PROFILE_SCENARIOS=1 PROFILE_ROUNDS=15 PROFILE_KINDS=${Object.keys(b).join(',')} npm run bench:profile\`, bench/results/profile-breakdown.json, each figure the median of 15 per-round ratios to the raw limit): ` +
+        `the bare scripts reach ${xr(b.scripts.vsRaw)}, ${xr(b['scripts-no-fencing'].vsRaw)} without the fencing token, ${xr(b['scripts-no-announcement'].vsRaw)} without the announcement, and two scripts with empty bodies ${xr(b['scripts-empty'].vsRaw)}` +
+        (b['nestjs-locked']?.vsRaw !== undefined ? `; nestjs-locked itself ${xr(b['nestjs-locked'].vsRaw)}` : '') +
+        '.' +
+        (b['scripts-empty'].vsRaw >= 0.95 && b['scripts-no-fencing'].vsRaw > b['scripts-no-announcement'].vsRaw
+          ? ' Running two scripts instead of SET and one script costs little in time; what our scripts do in them costs the rest, the fencing token most.'
+          : '') +
+        (b['scripts-no-fencing'].vsRaw < 0.95 && b['scripts-no-announcement'].vsRaw < 0.95 ? ' Taking out either part alone does not reach 0.95 x.' : '');
     }
     if (seq?.scripts && par?.scripts) {
       text +=
@@ -255,7 +270,7 @@ function explainMisses(r: Results, e: Extras): string[] {
           'Fair mode hands the lock over inside the release script: the next waiter in the queue is the holder when the release returns, and learns it from the release reply (same process) or the release message, without a round trip of its own. ' +
           'Default mode cannot: it lets any newcomer take a free lock (that is what makes it unfair, and cheaper when uncontended), so a release frees the lock and wakes one waiter, which then needs its own acquire round trip: two hops where fair mode has one. Handing the lock over in default mode too would have a price there: a waiter that crashed after it was queued holds a handed-over lock until its handover lease ends (up to fairQueueTimeoutMs), where today a crashed waiter costs the others nothing. ' +
           `Against PING: from the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawWithinPing ? 'only just stays within 2 x PING' : 'does not come within 2 x PING either'} in this run; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ` +
-          'Ratios move with the machine: the raw limit\'s handoff went from 0.09 to 0.36 ms between runs of 2026-11-23 and 24, and fair mode\'s ratio to it from 1.0 to 2.2 over the fourteen runs with handover (1.55 x and 1.37 x in the run of 2026-11-24 just before the lock connection\'s writes were uncorked by setImmediate instead of the next tick, 1.91 x and 1.32 x in the run before batching).',
+          'Ratios move with the machine: the raw limit\'s handoff went from 0.09 to 0.38 ms between runs of 2026-11-23 and 24, and fair mode\'s ratio to it from 0.89 to 2.2 over the fifteen runs with handover (2.03 x and 1.55 x in the full run before the last change, where a command on an idle connection still waited for the immediate; 1.55 x and 1.37 x in the run uncorked on the next tick; 1.91 x and 1.32 x in the run before batching), default mode\'s from 1.7 to 3.1.',
       );
     }
   }
@@ -327,7 +342,7 @@ function profileSection(e: Extras): string[] {
     }
     out.push(
       '',
-      'What changed after profiling (2026-11-23): the fencing counter takes one SET ... GET instead of GET + SET, a release reads the hold count with one HGET instead of HEXISTS + HINCRBY (14 to 12 Redis commands per pair, about 7 % fewer redis-server instructions), and LockService creates a lock\'s AbortController only when its signal is read and builds events only when someone subscribed. Scenario 4: @Locked handlers get their call site as an extra parameter instead of going through LockInterceptor (Nest\'s interceptor machinery measured 25 us per request), which moved @Locked from 0.70 x to 0.86 x the hand-written lock in a `BENCH_ONLY=4 npm run bench` run. Later the same day (after 1449cac): the scripts pass Redis no Lua numbers (Lua turns each into a string with sprintf; the fencing token is now joined from the digits of TIME, a lease or hold count passed as the string it came in as), and a release asks EXISTS once for the lock and its fair queue (12 to 11 commands per pair): 10 % fewer redis-server instructions per pair (the callgrind table). The before and now profiles are two runs minutes apart, not interleaved: compare each row with its own raw row. On 2026-11-24 the lock connection started batching its socket writes (README, "Write batching"; the now rows have it, the scripts rows, sent from a bare client, do not): with 64 workers, Node and Redis CPU per pair fell below the raw limit\'s, as each write and each Redis read now carries up to 8 commands.',
+      'What changed after profiling (2026-11-23): the fencing counter takes one SET ... GET instead of GET + SET, a release reads the hold count with one HGET instead of HEXISTS + HINCRBY (14 to 12 Redis commands per pair, about 7 % fewer redis-server instructions), and LockService creates a lock\'s AbortController only when its signal is read and builds events only when someone subscribed. Scenario 4: @Locked handlers get their call site as an extra parameter instead of going through LockInterceptor (Nest\'s interceptor machinery measured 25 us per request), which moved @Locked from 0.70 x to 0.86 x the hand-written lock in a `BENCH_ONLY=4 npm run bench` run. Later the same day (after 1449cac): the scripts pass Redis no Lua numbers (Lua turns each into a string with sprintf; the fencing token is now joined from the digits of TIME, a lease or hold count passed as the string it came in as), and a release asks EXISTS once for the lock and its fair queue (12 to 11 commands per pair): 10 % fewer redis-server instructions per pair (the callgrind table). The before and now profiles are two runs minutes apart, not interleaved: compare each row with its own raw row. On 2026-11-24 the lock connection started batching its socket writes (README, "Write batching"; the now rows have it, the scripts rows, sent from a bare client, do not): with 64 workers, Node and Redis CPU per pair fell below the raw limit\'s, as each write and each Redis read now carries up to 8 commands. Later that day a command sent while its connection has nothing in flight was written at once instead of waiting for the immediate (scenario 1 of `BENCH_REPEATS=3 BENCH_ONLY=1,2,4 npm run bench`: 0.80 and 0.80 x raw in two runs, 0.76 x in the run before; scenario 4: 0.99 and 0.99 x the hand-written lock, 0.93 x before).',
       '',
       ...(e.profileHttp
         ? [
