@@ -12,6 +12,7 @@ import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
 import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
 import { now, withTimeout } from './internal/time.js';
+import { OutageLog } from './internal/outage-log.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
 import type { LockContext } from './lock-context.js';
 import type { LockEvent } from './lock-events.js';
@@ -80,6 +81,15 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * "possible EventTarget memory leak" warning (each listener goes when its sleep ends).
    */
   private readonly shutdown = unlimitedListeners(new AbortController());
+  /** A Redis outage fails every `@Locked` call: their causes are logged at most once per interval (see OutageLog). */
+  private readonly unavailableLog = new OutageLog(
+    (m) => this.logger.error(m),
+    (m) => this.logger.log(m),
+    '@Locked calls were answered "unavailable"',
+    'locks can be had again',
+  );
+  /** Likewise the releases of `run()` and `@Locked` that failed (their leases free those locks). */
+  private readonly releaseFailureLog = new OutageLog((m) => this.logger.error(m), (m) => this.logger.log(m), 'releases failed', 'releases work again');
   /** Acquisitions in progress (an attempt in flight, or waiting), and who to tell when the last one has ended (shutdown waits for them). */
   private acquiring = 0;
   private lastAcquisitionEnded: (() => void) | undefined;
@@ -435,7 +445,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * answers "unavailable" (HTTP 503), which Nest's exception filters do not log: this logs the cause.
    */
   noteUnavailable(error: Error): void {
-    this.logger.error(error.message);
+    this.unavailableLog.failed(error.message);
   }
 
   /** @internal A skipped `@Locked` call. */
@@ -694,6 +704,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       void this.givenBack(o, context.owner, [{ key, holdCount: result.holdCount }]);
       throw shutDown(key);
     }
+    if (this.unavailableLog.active) this.unavailableLog.recovered();
     const id = heldLockId(context.owner, key, o.mode);
     let lock = this.held.get(id);
     if (lock && result.holdCount > 1) {
@@ -798,8 +809,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       const keepMs = minHoldMs - handle.lock.heldMs;
       if (keepMs > 0 && handle.holdCount === 1) await handle.releaseAfter(keepMs);
       else await handle.release();
+      if (this.releaseFailureLog.active) this.releaseFailureLog.recovered();
     } catch (error) {
-      this.logger.error(`could not release "${handle.key}"; its lease will free it: ${String(error)}`);
+      this.releaseFailureLog.failed(`could not release "${handle.key}"; its lease will free it: ${String(error)}`);
     }
   }
 
