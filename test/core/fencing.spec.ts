@@ -1,23 +1,15 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
-import { RedisServer } from '../support/redis-server.js';
-import { aborted, nextEvent, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { aborted, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('fencing tokens', () => {
   let redis: RedisServer;
   let raw: Redis;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({}, (started) => ({ redis, raw, app } = started));
 
   it('strictly increase over 1000 grants shared by 2 processes', async () => {
     const children = [0, 1].map(() => new Fixture('token-grants', [redis.url, 'fence:shared', '500']));

@@ -1,20 +1,13 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
-import { RedisServer } from '../support/redis-server.js';
-import { startLockApp, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('LockService.health()', () => {
   let redis: RedisServer;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    app = await startLockApp({ redis: redis.url, leaseMs: 3_000 });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ leaseMs: 3_000 }, (started) => ({ redis, app } = started));
 
   it('is up with its held locks and no overdue renewal, and reloads scripts Redis forgot', async () => {
     const lock = await app.locks.acquire('h:1');

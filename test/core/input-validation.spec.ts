@@ -1,22 +1,14 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { LockConfigurationError, LockKeyError, LockService, MAX_KEY_LENGTH } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
-import { startLockApp, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('keys and per-call options are checked before Redis is touched', () => {
   let redis: RedisServer;
   let app: LockApp;
   let raw: Redis;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({}, (started) => ({ redis, raw, app } = started));
 
   const entryPoints: [string, (locks: LockService, key: unknown) => Promise<unknown>][] = [
     ['acquire', (l, k) => l.acquire(k as string)],

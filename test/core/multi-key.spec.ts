@@ -5,24 +5,14 @@ import type { Redis } from 'ioredis';
 import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer } from '../support/redis-server.js';
-import { aborted, CapturingLogger, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, CapturingLogger, nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('multi-key locks', () => {
   let redis: RedisServer;
   let raw: Redis;
   let app: LockApp;
   let other: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url, leaseMs: 600 });
-    other = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await other?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ leaseMs: 600 }, (started) => ({ redis, raw, app, other } = started), {});
 
   const held = (...keys: string[]) => raw.exists(...keys.map((k) => `lock:{${k}}`));
 

@@ -7,21 +7,13 @@ import { performance } from 'node:perf_hooks';
 import { Locked, LockModule, LockNotAcquiredError, LockService, LockUpgradeError, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer } from '../support/redis-server.js';
-import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, CapturingLogger, gate, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('read-write locks', () => {
   let redis: RedisServer;
   let raw: Redis;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url, waitMs: 5_000, leaseMs: 600, fairQueueTimeoutMs: 1_000 });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ waitMs: 5_000, leaseMs: 600, fairQueueTimeoutMs: 1_000 }, (started) => ({ redis, raw, app } = started));
 
   // Another context, even when called from inside a run() callback.
   const outside = new AsyncResource('another-context');

@@ -1,20 +1,13 @@
 import { AsyncResource } from 'node:async_hooks';
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { LockHandle, LockNotAcquiredError } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
-import { gate, startLockApp, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    app = await startLockApp({ redis: redis.url, waitMs: 200 });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ waitMs: 200 }, (started) => ({ redis, app } = started));
 
   // Created outside any lock context: code run in its scope is another context, even when called
   // from inside a run() callback.

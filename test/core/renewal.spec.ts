@@ -2,21 +2,14 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockLostError } from '../../lib/index.js';
 import { RedisServer, tcpProxy } from '../support/redis-server.js';
-import { aborted, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, nextEvent, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const LEASE = 600; // renewed every 200 ms
 
 describe('renewal and loss', () => {
   let redis: RedisServer;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    app = await startLockApp({ redis: redis.url, leaseMs: LEASE });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ leaseMs: LEASE }, (started) => ({ redis, app } = started));
 
   it('ends a fixed lease: the signal aborts with lease-expired and the key is free', async () => {
     const started = performance.now();
@@ -137,14 +130,7 @@ describe('renewal and loss', () => {
 describe('Redis failures mid-hold', () => {
   let redis: RedisServer;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    app = await startLockApp({ redis: redis.url, leaseMs: LEASE });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ leaseMs: LEASE }, (started) => ({ redis, app } = started));
 
   it('signals loss by the local lease deadline when Redis is killed, and works again once it is back', async () => {
     const lock = await app.locks.acquire('outage:1');

@@ -1,10 +1,10 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { RedisServer } from '../support/redis-server.js';
-import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const scriptCalls = async (raw: Redis) => {
   const stats = await raw.info('commandstats');
@@ -16,17 +16,7 @@ describe('waiting for a held lock', () => {
   let app: LockApp;
   let other: LockApp;
   let raw: Redis;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url });
-    other = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await other?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({}, (started) => ({ redis, raw, app, other } = started), {});
 
   const waitState = (a: LockApp) => (a.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store.waitState;
 

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { beforeAll, describe, expect, it } from '@jest/globals';
 import { Test } from '@nestjs/testing';
 import { Cluster, type Redis } from 'ioredis';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -17,7 +17,7 @@ import {
   type LockHandle,
   type LockModuleOptions,
 } from '../../lib/index.js';
-import { CapturingLogger, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { CapturingLogger, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, silentPort } from '../support/redis-server.js';
 
 /**
@@ -136,15 +136,9 @@ describe('bad input on every public entry point', () => {
   let app: LockApp;
   let sentinel: LockHandle;
   let raw: Redis;
+  usePrivateLockApp({ leaseMs: 600 }, (started) => ({ redis, raw, app } = started));
   beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url, leaseMs: 600 });
     sentinel = await app.locks.acquire('sentinel', { owner: 'someone-else' });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
   });
 
   it.each(cases.map((c) => [`${c.entry}: ${c.input}`, c] as const))('%s', async (_name, c) => {

@@ -1,9 +1,11 @@
+import { afterAll, beforeAll } from '@jest/globals';
 import type { LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
 import { AsyncResource } from 'node:async_hooks';
-import { until } from './redis-server.js';
+import type { Redis } from 'ioredis';
+import { RedisServer, until } from './redis-server.js';
 
 /** Collects what the library logs, so tests can assert on levels and messages. */
 export class CapturingLogger implements LoggerService {
@@ -48,6 +50,49 @@ export async function startLockApp(options: LockModuleOptions): Promise<LockApp>
     .compile();
   await moduleRef.init();
   return { moduleRef, locks: moduleRef.get(LockService), logger, close: () => moduleRef.close() };
+}
+
+/** What `usePrivateLockApp` starts for a describe block. */
+export interface PrivateLockApp {
+  redis: RedisServer;
+  /** A client of the test's own, for inspecting Redis (closed with the server). */
+  raw: Redis;
+  app: LockApp;
+  /** A second app on the same server (another process, as far as locks can tell); undefined unless `other` options were given. */
+  other: LockApp;
+}
+
+/**
+ * Registers the hooks most suites share: before all tests, a private redis-server, a client of the
+ * test's own on it and `startLockApp({ redis: <its url>, ...options })` (and a second app with
+ * `other`, if given), handed to `assign` (for the suite's own variables); after all tests, the apps
+ * closed, then the server stopped. Jest runs beforeAll and afterAll hooks in the order they are
+ * declared, so a suite's hooks declared after this one run once the server is up, and once it is
+ * stopped: a suite that has more to close on this server before it stops keeps hooks of its own.
+ */
+export function usePrivateLockApp(
+  options: Omit<LockModuleOptions, 'redis'>,
+  assign: (started: PrivateLockApp) => void,
+  other?: Omit<LockModuleOptions, 'redis'>,
+): void {
+  let redis: RedisServer | undefined;
+  const apps: LockApp[] = [];
+  const start = async (server: RedisServer, o: Omit<LockModuleOptions, 'redis'>) => {
+    const app = await startLockApp({ redis: server.url, ...o } as LockModuleOptions);
+    apps.push(app);
+    return app;
+  };
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await start(redis, options);
+    const second = other ? await start(redis, other) : (undefined as unknown as LockApp);
+    assign({ redis, raw, app, other: second });
+  });
+  afterAll(async () => {
+    for (const app of apps.splice(0)) await app.close();
+    await redis?.stop();
+  });
 }
 
 type EventOf<T extends LockEvent['type']> = Extract<LockEvent, { type: T }>;

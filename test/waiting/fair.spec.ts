@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { nextEvent, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { nextEvent, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
@@ -18,15 +18,7 @@ describe('fair mode', () => {
   let redis: RedisServer;
   let raw: Redis;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: QUEUE_TIMEOUT });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ fairQueueTimeoutMs: QUEUE_TIMEOUT }, (started) => ({ redis, raw, app } = started));
 
   it('grants in request order across 2 processes', async () => {
     const key = 'fair:order';

@@ -1,26 +1,16 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import type { LockEvent } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
-import { nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import type { RedisServer } from '../support/redis-server.js';
+import { nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('handoff without polling', () => {
   let redis: RedisServer;
   let raw: Redis;
   let app: LockApp;
   let holderApp: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    raw = redis.client();
-    app = await startLockApp({ redis: redis.url, waitMs: 120_000, leaseMs: 60_000 });
-    holderApp = await startLockApp({ redis: redis.url, leaseMs: 60_000 });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await holderApp?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({ waitMs: 120_000, leaseMs: 60_000 }, (started) => ({ redis, raw, app, other: holderApp } = started), { leaseMs: 60_000 });
 
   it('with 8 waiters, follows each release with exactly one acquisition, woken by the release', async () => {
     const key = 'handoff:8';

@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { LockHandle } from '../../../lib/index.js';
 import { batchWrites, COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
-import { startLockApp, type LockApp } from '../../support/lock-testing.js';
+import { startLockApp, usePrivateLockApp, type LockApp } from '../../support/lock-testing.js';
 import { RedisServer } from '../../support/redis-server.js';
 
 /** How many times Redis has read from its clients' sockets (INFO stats). */
@@ -33,15 +33,7 @@ describe('write batching on the lock connection', () => {
   let redis: RedisServer;
   let app: LockApp;
   let admin: Redis;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    admin = redis.client();
-    app = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({}, (started) => ({ redis, raw: admin, app } = started));
 
   it('sends the locks taken and released in one pass of the event loop in one socket write per 8 commands', async () => {
     const count = 4 * COMMANDS_PER_WRITE;
