@@ -9,7 +9,7 @@ export async function scriptsPair(client: Redis, acquire: string, release: strin
   return async (key, owner) => {
     const name = `lock:{${key}}`;
     await client.evalsha(a!, 2, name, `${name}:fence`, owner, 30_000, FENCE_COUNTER_TTL_MS);
-    await client.evalsha(r!, 2, name, `${name}:queue`, owner, name, 'publish');
+    await client.evalsha(r!, 2, name, `${name}:queue`, owner, name, 'publish', FENCE_COUNTER_TTL_MS);
   };
 }
 

@@ -1,12 +1,15 @@
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { LockMode } from './store/lock-store.js';
+import { FENCE_COUNTER_TTL_MS } from './store/redis/lock.scripts.js';
 import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from './lock.constants.js';
 
 /** The longest delay a Node timer can express (about 24.8 days). Durations are capped to it. */
 export const MAX_DURATION_MS = 2_147_483_647;
 /** The shortest lease accepted. Shorter leases cannot be renewed reliably over a network. */
 export const MIN_LEASE_MS = 100;
+/** The shortest `fencingCounterTtlMs`: tokens stay increasing only across clock steps back shorter than it. */
+export const MIN_FENCING_COUNTER_TTL_MS = 1_000;
 
 /**
  * Options of `LockModule.forRoot()`. Every field is optional.
@@ -59,6 +62,13 @@ export interface LockModuleOptions {
    * Default 5 000.
    */
   fairQueueTimeoutMs?: number;
+  /**
+   * How long a key's fencing counter (`P{K}:fence`) stays in Redis after the key's last grant, in
+   * ms. Default 3 600 000 (an hour); at least 1 000. Every key locked within it keeps about 150
+   * bytes in Redis, so an app that locks many distinct keys may want it shorter; fencing tokens
+   * keep increasing as long as Redis's clock does not step back by more than it. Redis stores only.
+   */
+  fencingCounterTtlMs?: number;
   /**
    * Replica confirmation (Redis `WAIT`) on a single server or a Sentinel-managed master: after every
    * acquire, renew and release, wait until `replicas` replicas acknowledged it, at most `timeoutMs`.
@@ -194,6 +204,7 @@ export interface ResolvedModuleOptions {
   minHoldMs: number;
   contendedHttpStatus: 409 | 423;
   fairQueueTimeoutMs: number;
+  fencingCounterTtlMs: number;
   replication: Required<ReplicationOptions> | undefined;
   redlock: Required<RedlockOptions> | undefined;
 }
@@ -221,6 +232,7 @@ const MODULE_OPTION_NAMES = [
   'minHoldMs',
   'contendedHttpStatus',
   'fairQueueTimeoutMs',
+  'fencingCounterTtlMs',
   'replication',
   'redlock',
 ] as const;
@@ -265,6 +277,7 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
     minHoldMs: duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 }),
     contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),
     fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: DEFAULT_FAIR_QUEUE_TIMEOUT_MS }),
+    fencingCounterTtlMs: duration(o.fencingCounterTtlMs, 'fencingCounterTtlMs', where, { min: MIN_FENCING_COUNTER_TTL_MS, fallback: FENCE_COUNTER_TTL_MS }),
     replication,
     redlock,
   };

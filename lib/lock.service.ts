@@ -460,20 +460,20 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       debug: (m: string) => this.logger.debug(m),
       warn: (m: string) => this.logger.warn(m),
     };
-    const { redis, keyPrefix, replication, redlock } = this.options;
+    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs } = this.options;
     if (this.options.store === 'memory') return new MemoryLockStore();
     if (redlock) {
       const nodes = redlock.clients.map((connection) => {
         const owned = !isRedisClient(connection);
         const client = owned ? this.connect(connection) : (connection as Redis);
-        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log);
+        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, fencingCounterTtlMs);
         return { name: store.description.replace(/^redis /, ''), store };
       });
       return new RedlockStore(nodes, redlock.driftFactor);
     }
     // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
-    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication);
-    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication);
+    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication, fencingCounterTtlMs);
+    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication, fencingCounterTtlMs);
   }
 
   /** A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message. */

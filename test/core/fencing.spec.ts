@@ -2,7 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
-import type { RedisServer } from '../support/redis-server.js';
+import { until, type RedisServer } from '../support/redis-server.js';
 import { aborted, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('fencing tokens', () => {
@@ -124,5 +124,51 @@ describe('fencing tokens', () => {
       expect(ttl).toBeGreaterThan(3_500_000);
       expect(ttl).toBeLessThanOrEqual(3_600_000);
     }
+  });
+});
+
+describe('fencing counters with fencingCounterTtlMs', () => {
+  const COUNTER_TTL = 2_000;
+  let raw: Redis;
+  let app: LockApp;
+  usePrivateLockApp({ fencingCounterTtlMs: COUNTER_TTL, fairQueueTimeoutMs: 20_000 }, (started) => ({ raw, app } = started));
+
+  /** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
+  async function queued(key: string) {
+    const { locks } = app;
+    const holder = await locks.acquire(key, { fair: true });
+    const contended = nextEvent(locks.events$, 'contended', (e) => e.key === key);
+    const waiter = locks.acquire(key, { fair: true });
+    await waitRegistered(raw, key, (await contended).owner);
+    return { holder, waiter };
+  }
+
+  it('keeps each counter that long after its grant (plain, read, write, multi-key, and fair locks handed over by a release or a force-unlock), and tokens still increase once it expired', async () => {
+    const { locks } = app;
+    const tokens: Record<string, number> = {};
+    const plain = await locks.acquire('ttl:plain');
+    tokens['ttl:plain'] = plain.fencingToken;
+    await plain.release();
+    await (await locks.acquire('ttl:rw', { mode: 'read' })).release();
+    await (await locks.acquire('ttl:rw', { mode: 'write' })).release();
+    await (await locks.acquire(['ttl:a', 'ttl:b'])).release();
+    const released = await queued('ttl:fair-released');
+    await released.holder.release(); // handed to the waiter inside the release script
+    await (await released.waiter).release();
+    const forced = await queued('ttl:fair-forced');
+    expect(await locks.forceUnlock('ttl:fair-forced')).toBe(true); // handed to the waiter inside the force-unlock script
+    const forcedHandle = await forced.waiter;
+    expect(forcedHandle.fencingToken).toBeGreaterThan(forced.holder.fencingToken);
+    await forcedHandle.release();
+    for (const key of ['ttl:plain', 'ttl:rw', 'ttl:a', 'ttl:b', 'ttl:fair-released', 'ttl:fair-forced']) {
+      const ttl = await raw.pttl(`lock:{${key}}:fence`);
+      expect(ttl).toBeGreaterThan(0);
+      expect(ttl).toBeLessThanOrEqual(COUNTER_TTL);
+    }
+    // The counter's own expiry, for real (Redis announces none: poll it).
+    await until(async () => (await raw.exists('lock:{ttl:plain}:fence')) === 0, 3 * COUNTER_TTL, 'the counter never expired');
+    const after = await locks.acquire('ttl:plain');
+    expect(after.fencingToken).toBeGreaterThan(tokens['ttl:plain']!);
+    await after.release();
   });
 });

@@ -54,6 +54,8 @@ describe('LockModule', () => {
     [{ leaseMS: 1000 }, 'leaseMS', /unknown option "leaseMS" \(did you mean "leaseMs"\?\)/],
     [{ ttl: 1000 }, 'ttl', /unknown option "ttl"\. Known options: store, redis, keyPrefix/],
     [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],
+    [{ fencingCounterTtlMs: 500 }, 'fencingCounterTtlMs', /fencingCounterTtlMs must be a whole number of milliseconds from 1000 to 2147483647; got 500/],
+    [{ fencingCounterTtlMs: Infinity }, 'fencingCounterTtlMs', /got Infinity/],
   ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
     const failure = await compile(options).then(
       () => new Error('bootstrap succeeded'),

@@ -6,7 +6,7 @@
  * | Redis name      | type    | content                                         | lifetime                                    |
  * |-----------------|---------|-------------------------------------------------|---------------------------------------------|
  * | `P{K}`          | hash    | field = owner id, value = that owner's holds    | PEXPIRE = the lease; deleted at last release |
- * | `P{K}:fence`    | string  | the last fencing token issued for K             | PEXPIRE `FENCE_COUNTER_TTL_MS` after each grant |
+ * | `P{K}:fence`    | string  | the last fencing token issued for K             | PEXPIRE the counter lifetime (`fencingCounterTtlMs`, default `FENCE_COUNTER_TTL_MS`) after each grant |
  * | `P{K}:queue`    | list    | fair mode: owners waiting, first come first served | PEXPIRE 2 x the queue timeout, refreshed by every attempt |
  * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
 | `P{K}:queue:leases` | hash | fair mode: owner -> `<lease ms> <wait id>`: the lease to hand it the lock with, and which of its waits asked | as the queue |
@@ -46,7 +46,7 @@
  * same over RESP2 (ioredis 5) and RESP3 (ioredis 6).
  */
 
-/** How long a fencing counter outlives the last grant of its key. */
+/** How long a fencing counter outlives the last grant of its key, unless `fencingCounterTtlMs` says otherwise. */
 export const FENCE_COUNTER_TTL_MS = 3_600_000;
 
 /**
@@ -103,13 +103,13 @@ for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
 end`;
 
 /**
- * Lua fragment: \`handOver(t, channel, publisher)\` gives a free lock to the first live waiter of the
+ * Lua fragment: \`handOver(t, channel, publisher, lifetime)\` gives a free lock to the first live waiter of the
  * fair queue and announces it with \`granted <token> <wait id> <owner>\`; returns {token, wait id,
- * owner}, or false when nobody waits. \`t\` is a TIME reply. Expects locals lock and queue; the
+ * owner}, or false when nobody waits. \`t\` is a TIME reply, \`lifetime\` the fencing counter's in ms. Expects locals lock and queue; the
  * queue's timeouts and leases and the fencing counter are named from them (same hash tag, so the
  * same Cluster slot): a release, which hands over rarely, sends two keys instead of five.
  */
-const handOver = `local function handOver(t, channel, publisher)
+const handOver = `local function handOver(t, channel, publisher, lifetime)
   local timeouts, leases, fence = queue .. ':timeouts', queue .. ':leases', lock .. ':fence'
   ${pruneQueue}
   local head = redis.call('lpop', queue)
@@ -119,7 +119,7 @@ const handOver = `local function handOver(t, channel, publisher)
   local place = string.match(redis.call('hget', leases, head) or '', '^%d+ %S*$')
   if place then handoverLease, waitId = string.match(place, '^(%d+) (%S*)$') end
   redis.call('hdel', leases, head)
-  ${nextToken('t', String(FENCE_COUNTER_TTL_MS))}
+  ${nextToken('t', 'lifetime')}
   redis.call('hset', lock, head, '1', ':handed', head)
   redis.call('pexpire', lock, handoverLease)
   redis.call(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
@@ -127,17 +127,18 @@ const handOver = `local function handOver(t, channel, publisher)
 end`;
 
 /**
- * Lua fragment, for scripts whose KEYS are {lock, queue} and ARGV {_, channel, publisher}: if the lock is free now,
+ * Lua fragment, for scripts whose KEYS are {lock, queue} and ARGV {_, channel, publisher} (and the
+ * fencing counter's lifetime in the argument \`lifetime\` names): if the lock is free now,
  * hand it to the fair queue's first live waiter (local `handed` = what handOver returned), else
  * announce `released` on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
  * their own field (HDEL of both), so a free lock is a deleted hash. One EXISTS counts both names:
  * 0 is the usual release (free, nobody queued); 1 is told apart (still held, or free with a queue)
  * by a second EXISTS.
  */
-const freed = `local handed = false
+const freed = (lifetime: string) => `local handed = false
 local present = redis.call('exists', lock, queue)
 if present == 0 or (present == 1 and redis.call('exists', lock) == 0) then
-  if present == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3]) end
+  if present == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3], ${lifetime}) end
   if not handed then redis.call(ARGV[3], ARGV[2], 'released') end
 end`;
 
@@ -198,7 +199,7 @@ if redis.call('exists', lock) == 0 then
     end
     ${grantFresh('t')}
   end
-  handOver(t, ARGV[7], ARGV[8])
+  handOver(t, ARGV[7], ARGV[8], ARGV[3])
 end
 if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
 redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
@@ -214,7 +215,7 @@ return {0, redis.call('pttl', lock), tonumber(redis.call('get', fence) or '0')}
  * the next live waiter.
  * KEYS[1] lock hash, KEYS[2] queue (its timeouts and leases are named from it).
  * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] `1` when the caller's process
- * holds this lock for the owner.
+ * holds this lock for the owner, ARGV[5] fencing counter lifetime in ms (for a lock it hands over).
  * Returns 1 when the owner was queued, else 0.
  */
 export const LEAVE_QUEUE = `
@@ -229,7 +230,7 @@ elseif ARGV[4] == '0' and redis.call('hget', lock, ':handed') == owner then
 else
   return 0
 end
-${freed}
+${freed('ARGV[5]')}
 if queued then return 1 end
 return 0
 `;
@@ -237,7 +238,8 @@ return 0
 /**
  * Drop one hold.
  * KEYS[1] lock hash, KEYS[2] fair queue.
- * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`).
+ * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`),
+ * ARGV[4] fencing counter lifetime in ms (for a lock it hands to a fair waiter).
  * Returns the owner's holds left: 0 means the lock was deleted and the release announced;
  * {0, token, wait id, owner} that it was handed to that fair waiter; -1 means the owner held
  * nothing, and nothing was changed.
@@ -250,7 +252,7 @@ if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
 -- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
 redis.call('hdel', lock, owner, ':handed')
-${freed}
+${freed('ARGV[4]')}
 if handed then return {0, handed[1], handed[2], handed[3]} end
 return 0
 `;
@@ -265,7 +267,7 @@ ${freedKeys}
 local owner = ARGV[1]
 if redis.call('hdel', lock, owner, ':handed') == 0 then return 0 end
 if redis.call('hlen', lock) == 1 and redis.call('hexists', lock, ':mode') == 1 then redis.call('del', lock) end
-${freed}
+${freed('ARGV[4]')}
 return 1
 `;
 
@@ -308,7 +310,7 @@ return {1, holds, ttl}
 export const FORCE_UNLOCK = `
 ${freedKeys}
 if redis.call('del', lock) == 0 then return 0 end
-${freed}
+${freed('ARGV[4]')}
 return 1
 `;
 

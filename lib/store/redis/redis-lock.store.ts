@@ -83,6 +83,8 @@ export class RedisLockStore implements LockStore {
     private readonly prefix: string,
     private readonly log: StoreLogger,
     private readonly replication?: Required<ReplicationOptions>,
+    /** How long a fencing counter outlives its key's last grant (`fencingCounterTtlMs`). */
+    private readonly fenceTtlMs: number = FENCE_COUNTER_TTL_MS,
   ) {
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
     if (this.cluster) {
@@ -153,18 +155,18 @@ export class RedisLockStore implements LockStore {
     const fence = `${name}:fence`;
     let r: number[];
     if (mode === 'read') {
-      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
+      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.fenceTtlMs])) as number[];
     } else if (mode === 'write') {
-      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
+      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.fenceTtlMs, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
     } else if (fair) {
       const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
       r = (await scripts.acquireFair.run(
         this.client,
         [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
-        [owner, leaseMs, FENCE_COUNTER_TTL_MS, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
+        [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
       )) as number[];
     } else {
-      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as number[];
+      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.fenceTtlMs])) as number[];
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
@@ -237,7 +239,7 @@ export class RedisLockStore implements LockStore {
       const name = this.lockName(key);
       return [name, `${name}:fence`];
     });
-    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, FENCE_COUNTER_TTL_MS])) as unknown[]).map(Number);
+    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.fenceTtlMs])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
     if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
@@ -248,7 +250,7 @@ export class RedisLockStore implements LockStore {
     const name = this.lockName(key);
     let left: number;
     if (mode === 'exclusive') {
-      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish]);
+      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs]);
       if (Array.isArray(reply)) {
         // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
         this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
@@ -263,7 +265,7 @@ export class RedisLockStore implements LockStore {
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish])) === 1;
+    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish, this.fenceTtlMs])) === 1;
     if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
     return dropped;
   }
@@ -307,12 +309,12 @@ export class RedisLockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish])) === 1;
+    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs])) === 1;
   }
 
   async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0]);
+    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0, this.fenceTtlMs]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`], [owner]);
   }
 
