@@ -66,7 +66,8 @@ export interface LockModuleOptions {
    * How long a key's fencing counter (`P{K}:fence`) stays in Redis after the key's last grant, in
    * ms. Default 3 600 000 (an hour); at least 1 000. Every key locked within it keeps about 150
    * bytes in Redis, so an app that locks many distinct keys may want it shorter; fencing tokens
-   * keep increasing as long as Redis's clock does not step back by more than it. Redis stores only.
+   * keep increasing as long as Redis's clock does not step back by more than it. Not with `redlock`,
+   * which keeps no counters; ignored by the memory store.
    */
   fencingCounterTtlMs?: number;
   /**
@@ -257,6 +258,12 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
   }
   if (redlock && o.store === 'memory') {
     throw new LockConfigurationError('redlock', `${where}: store 'memory' keeps locks in this process; leave redlock out with it.`);
+  }
+  if (redlock && o.fencingCounterTtlMs !== undefined) {
+    throw new LockConfigurationError(
+      'fencingCounterTtlMs',
+      `${where}: redlock issues no fencing tokens, so its masters keep no fencing counters; leave fencingCounterTtlMs out.`,
+    );
   }
   const replication = replicationOption(o.replication, where);
   if (replication && (redlock || isClusterConnection(o.redis))) {

@@ -466,7 +466,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       const nodes = redlock.clients.map((connection) => {
         const owned = !isRedisClient(connection);
         const client = owned ? this.connect(connection) : (connection as Redis);
-        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, fencingCounterTtlMs);
+        // Redlock issues no fencing tokens: its nodes keep no counters.
+        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, 0);
         return { name: store.description.replace(/^redis /, ''), store };
       });
       return new RedlockStore(nodes, redlock.driftFactor);

@@ -56,6 +56,11 @@ describe('LockModule', () => {
     [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],
     [{ fencingCounterTtlMs: 500 }, 'fencingCounterTtlMs', /fencingCounterTtlMs must be a whole number of milliseconds from 1000 to 2147483647; got 500/],
     [{ fencingCounterTtlMs: Infinity }, 'fencingCounterTtlMs', /got Infinity/],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] }, fencingCounterTtlMs: 60_000 },
+      'fencingCounterTtlMs',
+      /redlock issues no fencing tokens, so its masters keep no fencing counters; leave fencingCounterTtlMs out/,
+    ],
   ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
     const failure = await compile(options).then(
       () => new Error('bootstrap succeeded'),

@@ -3,13 +3,8 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import type { RedisServer } from '../support/redis-server.js';
+import { scriptCalls, type RedisServer } from '../support/redis-server.js';
 import { nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
-
-const scriptCalls = async (raw: Redis) => {
-  const stats = await raw.info('commandstats');
-  return ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
-};
 
 describe('waiting for a held lock', () => {
   let redis: RedisServer;

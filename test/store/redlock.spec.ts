@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
-import { RedisServer, until } from '../support/redis-server.js';
+import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
 import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
@@ -45,6 +45,15 @@ describe('Redlock over 3 independent servers', () => {
     expect(await holders('rl:all')).toEqual([]);
   });
 
+  it('leaves nothing on the nodes after a release, not even a fencing counter (it issues no tokens): plain, re-entered, read, write and multi-key locks', async () => {
+    const { locks } = app;
+    await locks.run('rl:left', () => locks.run('rl:left', () => undefined));
+    await (await locks.acquire('rl:left:rw', { mode: 'read' })).release();
+    await (await locks.acquire('rl:left:rw', { mode: 'write' })).release();
+    await (await locks.acquire(['rl:left:a', 'rl:left:b'])).release();
+    for (const node of nodes) expect(await node.client().keys('lock:{rl:left*')).toEqual([]);
+  });
+
   it('keeps working with a minority of nodes down: acquire, renew, exclude, release', async () => {
     nodes[2]!.pause(); // frozen: connections stay open, nothing answers
     try {
@@ -71,6 +80,7 @@ describe('Redlock over 3 independent servers', () => {
       return value;
     };
     try {
+      const scriptsBefore = await scriptCalls(nodes[2]!.client());
       nodes[2]!.pause(); // frozen: its connection stays open, nothing answers
       try {
         const lock = await timed(() => patient.locks.acquire('rl:frozen'));
@@ -83,8 +93,9 @@ describe('Redlock over 3 independent servers', () => {
         nodes[2]!.resume();
       }
       // The frozen node runs what was queued for it, in order, when it resumes: nothing is left.
+      // Six steps went to it (acquire, extend, isLocked, tryAcquire, release, isLocked), each one script.
       const resumed = nodes[2]!.client();
-      await until(async () => (await resumed.exists('lock:{rl:frozen}:fence')) === 1 && (await resumed.exists('lock:{rl:frozen}')) === 0, 5_000, 'the resumed node never ran its queued steps');
+      await until(async () => (await scriptCalls(resumed)) - scriptsBefore >= 6 && (await resumed.exists('lock:{rl:frozen}')) === 0, 5_000, 'the resumed node never ran its queued steps');
       expect(await holders('rl:frozen')).toEqual([]);
 
       await nodes[2]!.kill(); // dead: its connection is refused

@@ -166,6 +166,12 @@ export async function until(check: () => Promise<boolean>, ms: number, what: str
  * diskless transfer ends, before its first ACK, and clean-clone CI runs saw a WAIT get no
  * acknowledgement within 400 ms right then (after a Sentinel rejoin, and at start).
  */
+/** How many scripts (EVALSHA and EVAL) a server has run since its statistics were last reset. */
+export async function scriptCalls(client: Redis): Promise<number> {
+  const stats = await client.info('commandstats');
+  return ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+}
+
 export async function replicaAcknowledges(master: Redis): Promise<boolean> {
   if (!/slave0:.*state=online/.test(String(await master.info('replication')))) return false;
   await master.set('harness:acknowledged', '1');

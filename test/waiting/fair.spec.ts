@@ -3,16 +3,10 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { RedisServer, until } from '../support/redis-server.js';
+import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
-
-/** How many scripts Redis has run since its statistics were last reset. */
-async function scriptCalls(raw: Redis): Promise<number> {
-  const stats = String(await raw.info('commandstats'));
-  return Number(/cmdstat_evalsha:calls=(\d+)/.exec(stats)?.[1] ?? 0) + Number(/cmdstat_eval:calls=(\d+)/.exec(stats)?.[1] ?? 0);
-}
 
 describe('fair mode', () => {
   let redis: RedisServer;

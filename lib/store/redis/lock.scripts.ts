@@ -61,14 +61,18 @@ const FALLBACK_HANDOVER_LEASE_MS = 5_000;
  * digits), the counter set to it (lifetime ARGV[3]). `time` is a Redis TIME reply. One SET ... GET
  * in the usual case (the clock is ahead of the counter); a second SET only when the counter is ahead
  * of the clock. The token is written by joining TIME's digits, not with string.format: Lua formats
- * numbers with sprintf, which costs Redis more than the SET itself.
+ * numbers with sprintf, which costs Redis more than the SET itself. A lifetime of `0` keeps no
+ * counter and issues token 0: the nodes of a Redlock quorum, whose tokens are never used.
  */
 function nextToken(time: string, lifetime = 'ARGV[3]'): string {
-  return `local token = ${time}[1] .. string.rep('0', 6 - #${time}[2]) .. ${time}[2]
-  local last = redis.call('set', fence, token, 'px', ${lifetime}, 'get')
-  if last and tonumber(last) >= tonumber(token) then
-    token = string.format('%.0f', tonumber(last) + 1)
-    redis.call('set', fence, token, 'px', ${lifetime})
+  return `local token = '0'
+  if ${lifetime} ~= '0' then
+    token = ${time}[1] .. string.rep('0', 6 - #${time}[2]) .. ${time}[2]
+    local last = redis.call('set', fence, token, 'px', ${lifetime}, 'get')
+    if last and tonumber(last) >= tonumber(token) then
+      token = string.format('%.0f', tonumber(last) + 1)
+      redis.call('set', fence, token, 'px', ${lifetime})
+    end
   end`;
 }
 

@@ -83,7 +83,7 @@ export class RedisLockStore implements LockStore {
     private readonly prefix: string,
     private readonly log: StoreLogger,
     private readonly replication?: Required<ReplicationOptions>,
-    /** How long a fencing counter outlives its key's last grant (`fencingCounterTtlMs`). */
+    /** How long a fencing counter outlives its key's last grant (`fencingCounterTtlMs`); 0 keeps none (tokens are then 0: Redlock's nodes). */
     private readonly fenceTtlMs: number = FENCE_COUNTER_TTL_MS,
   ) {
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
