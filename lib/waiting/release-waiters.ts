@@ -60,7 +60,9 @@ export class ReleaseWaiters {
    */
   grant(key: string, owner: string, waitId: string, token: number): void {
     const waiter = this.queues.get(key)?.members.find((w) => w.waitId === waitId && w.owner === owner);
-    if (!waiter || waiter.grantedToken === token) return;
+    // A grant up to the latest token a refused attempt of this wait saw is void, however late its
+    // message comes (it was read after that attempt's reply: a process resumed from a pause).
+    if (!waiter || waiter.grantedToken === token || token <= waiter.voidGrantsUpTo) return;
     waiter.grantedToken = token;
     if (waiter.asleep) waiter.wake('granted');
     else waiter.pendingGrant = true;
@@ -109,6 +111,8 @@ class Waiter implements ReleaseWatch {
   /** A grant to this waiter's owner arrived while it was not asleep. */
   pendingGrant = false;
   grantedToken: number | undefined;
+  /** The latest fencing token a refused attempt of this wait reported: grants up to it are void. */
+  voidGrantsUpTo = 0;
 
   constructor(
     readonly owner: string,
@@ -128,6 +132,7 @@ class Waiter implements ReleaseWatch {
   }
 
   forgetGrant(lastToken?: number): void {
+    if (lastToken !== undefined && lastToken > this.voidGrantsUpTo) this.voidGrantsUpTo = lastToken;
     if (lastToken === undefined || (this.grantedToken ?? 0) <= lastToken) this.pendingGrant = false;
   }
 

@@ -72,6 +72,31 @@ describe('RedisLockStore scripts', () => {
     expect(await raw.pttl('lock:{long}')).toBeGreaterThan(19_000);
   });
 
+  it("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)", async () => {
+    const key = 'stale-grant';
+    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
+    const holder = await store.acquire({ key, owner: 'H', ...fair });
+    if (!holder.granted) throw new Error('the holder was refused');
+    const watch = store.watch(key, 'W');
+    try {
+      await watch.ready;
+      const refused = await store.acquire({ key, owner: 'W', ...fair, waitId: watch.waitId });
+      expect(refused).toMatchObject({ granted: false, lastToken: holder.fencingToken });
+      watch.forgetGrant(refused.granted ? undefined : refused.lastToken);
+      // Asleep when two handovers' messages arrive, in order: one issued before the refused attempt
+      // ran (its token is not past what the attempt saw: void), then a later one.
+      const woke = watch.sleep(10_000);
+      await raw.publish('lock:{stale-grant}', `granted ${holder.fencingToken} ${watch.waitId} W`);
+      await raw.publish('lock:{stale-grant}', `granted ${holder.fencingToken + 1} ${watch.waitId} W`);
+      expect(await woke).toBe('granted');
+      expect(watch.grantedToken).toBe(holder.fencingToken + 1);
+    } finally {
+      watch.close();
+      await store.abandon(key, 'W', 'exclusive', true);
+      await store.release(key, 'H');
+    }
+  });
+
   it('inspects and force-unlocks, announcing the release', async () => {
     expect(await store.inspect('inspect', 'A')).toEqual({ locked: false, holdCount: 0, ttlMs: -2 });
     await store.acquire({ key: 'inspect', owner: 'A', leaseMs: 5_000 });
