@@ -3,7 +3,16 @@ import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
 import { until, type RedisServer } from '../support/redis-server.js';
-import { aborted, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, lockEachWay, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+
+/** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
+async function queued({ locks }: LockApp, raw: Redis, key: string) {
+  const holder = await locks.acquire(key, { fair: true });
+  const contended = nextEvent(locks.events$, 'contended', (e) => e.key === key);
+  const waiter = locks.acquire(key, { fair: true });
+  await waitRegistered(raw, key, (await contended).owner);
+  return { holder, waiter };
+}
 
 describe('fencing tokens', () => {
   let redis: RedisServer;
@@ -106,19 +115,12 @@ describe('fencing tokens', () => {
   });
 
   it('leave only their counter in Redis after a release, for an hour: plain, re-entered, read, write, multi-key and fair handed-over locks', async () => {
-    const { locks } = app;
-    await locks.run('left:plain', () => locks.run('left:plain', () => undefined));
-    await (await locks.acquire('left:rw', { mode: 'read' })).release();
-    await (await locks.acquire('left:rw', { mode: 'write' })).release();
-    await (await locks.acquire(['left:a', 'left:b'])).release();
-    const holder = await locks.acquire('left:fair', { fair: true });
-    const contended = nextEvent(locks.events$, 'contended', (e) => e.key === 'left:fair');
-    const waiter = locks.acquire('left:fair', { fair: true });
+    const keys = await lockEachWay(app.locks, 'left');
     // Asleep with its wait id registered: the release hands it the lock (hash field `:handed`).
-    await waitRegistered(raw, 'left:fair', (await contended).owner);
+    const { holder, waiter } = await queued(app, raw, 'left:fair');
     await holder.release();
     await (await waiter).release();
-    for (const key of ['left:plain', 'left:rw', 'left:a', 'left:b', 'left:fair']) {
+    for (const key of [...keys, 'left:fair']) {
       expect((await raw.keys(`lock:{${key}}*`)).sort()).toEqual([`lock:{${key}}:fence`]);
       const ttl = await raw.pttl(`lock:{${key}}:fence`);
       expect(ttl).toBeGreaterThan(3_500_000);
@@ -133,34 +135,21 @@ describe('fencing counters with fencingCounterTtlMs', () => {
   let app: LockApp;
   usePrivateLockApp({ fencingCounterTtlMs: COUNTER_TTL, fairQueueTimeoutMs: 20_000 }, (started) => ({ raw, app } = started));
 
-  /** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
-  async function queued(key: string) {
-    const { locks } = app;
-    const holder = await locks.acquire(key, { fair: true });
-    const contended = nextEvent(locks.events$, 'contended', (e) => e.key === key);
-    const waiter = locks.acquire(key, { fair: true });
-    await waitRegistered(raw, key, (await contended).owner);
-    return { holder, waiter };
-  }
-
   it('keeps each counter that long after its grant (plain, read, write, multi-key, and fair locks handed over by a release or a force-unlock), and tokens still increase once it expired', async () => {
     const { locks } = app;
-    const tokens: Record<string, number> = {};
+    const keys = await lockEachWay(locks, 'ttl');
     const plain = await locks.acquire('ttl:plain');
-    tokens['ttl:plain'] = plain.fencingToken;
+    const plainToken = plain.fencingToken;
     await plain.release();
-    await (await locks.acquire('ttl:rw', { mode: 'read' })).release();
-    await (await locks.acquire('ttl:rw', { mode: 'write' })).release();
-    await (await locks.acquire(['ttl:a', 'ttl:b'])).release();
-    const released = await queued('ttl:fair-released');
+    const released = await queued(app, raw, 'ttl:fair-released');
     await released.holder.release(); // handed to the waiter inside the release script
     await (await released.waiter).release();
-    const forced = await queued('ttl:fair-forced');
+    const forced = await queued(app, raw, 'ttl:fair-forced');
     expect(await locks.forceUnlock('ttl:fair-forced')).toBe(true); // handed to the waiter inside the force-unlock script
     const forcedHandle = await forced.waiter;
     expect(forcedHandle.fencingToken).toBeGreaterThan(forced.holder.fencingToken);
     await forcedHandle.release();
-    for (const key of ['ttl:plain', 'ttl:rw', 'ttl:a', 'ttl:b', 'ttl:fair-released', 'ttl:fair-forced']) {
+    for (const key of [...keys, 'ttl:fair-released', 'ttl:fair-forced']) {
       const ttl = await raw.pttl(`lock:{${key}}:fence`);
       expect(ttl).toBeGreaterThan(0);
       expect(ttl).toBeLessThanOrEqual(COUNTER_TTL);
@@ -168,7 +157,7 @@ describe('fencing counters with fencingCounterTtlMs', () => {
     // The counter's own expiry, for real (Redis announces none: poll it).
     await until(async () => (await raw.exists('lock:{ttl:plain}:fence')) === 0, 3 * COUNTER_TTL, 'the counter never expired');
     const after = await locks.acquire('ttl:plain');
-    expect(after.fencingToken).toBeGreaterThan(tokens['ttl:plain']!);
+    expect(after.fencingToken).toBeGreaterThan(plainToken);
     await after.release();
   });
 });

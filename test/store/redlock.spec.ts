@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
-import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, lockEachWay, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 
@@ -46,11 +46,7 @@ describe('Redlock over 3 independent servers', () => {
   });
 
   it('leaves nothing on the nodes after a release, not even a fencing counter (it issues no tokens): plain, re-entered, read, write and multi-key locks', async () => {
-    const { locks } = app;
-    await locks.run('rl:left', () => locks.run('rl:left', () => undefined));
-    await (await locks.acquire('rl:left:rw', { mode: 'read' })).release();
-    await (await locks.acquire('rl:left:rw', { mode: 'write' })).release();
-    await (await locks.acquire(['rl:left:a', 'rl:left:b'])).release();
+    await lockEachWay(app.locks, 'rl:left');
     for (const node of nodes) expect(await node.client().keys('lock:{rl:left*')).toEqual([]);
   });
 

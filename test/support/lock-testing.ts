@@ -95,6 +95,19 @@ export function usePrivateLockApp(
   });
 }
 
+/**
+ * Takes and releases a lock once in each way but fair mode: plain and re-entered (`<prefix>:plain`),
+ * read then write (`<prefix>:rw`), and a multi-key group (`<prefix>:a`, `<prefix>:b`). Resolves to
+ * those keys, for checking what the releases left in Redis.
+ */
+export async function lockEachWay(locks: LockService, prefix: string): Promise<string[]> {
+  await locks.run(`${prefix}:plain`, () => locks.run(`${prefix}:plain`, () => undefined));
+  await (await locks.acquire(`${prefix}:rw`, { mode: 'read' })).release();
+  await (await locks.acquire(`${prefix}:rw`, { mode: 'write' })).release();
+  await (await locks.acquire([`${prefix}:a`, `${prefix}:b`])).release();
+  return [`${prefix}:plain`, `${prefix}:rw`, `${prefix}:a`, `${prefix}:b`];
+}
+
 type EventOf<T extends LockEvent['type']> = Extract<LockEvent, { type: T }>;
 
 /** The next event of `type` (matching `where`), failing after `ms`. Subscribe before causing it. */
