@@ -82,14 +82,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    */
   private readonly shutdown = unlimitedListeners(new AbortController());
   /** A Redis outage fails every `@Locked` call: their causes are logged at most once per interval (see OutageLog). */
-  private readonly unavailableLog = new OutageLog(
-    (m) => this.logger.error(m),
-    (m) => this.logger.log(m),
-    '@Locked calls were answered "unavailable"',
-    'locks can be had again',
-  );
+  private readonly unavailableLog = new OutageLog(this.logger, '@Locked calls were answered "unavailable"', 'locks can be had again');
   /** Likewise the releases of `run()` and `@Locked` that failed (their leases free those locks). */
-  private readonly releaseFailureLog = new OutageLog((m) => this.logger.error(m), (m) => this.logger.log(m), 'releases failed', 'releases work again');
+  private readonly releaseFailureLog = new OutageLog(this.logger, 'releases failed', 'releases work again');
   /** Acquisitions in progress (an attempt in flight, or waiting), and who to tell when the last one has ended (shutdown waits for them). */
   private acquiring = 0;
   private lastAcquisitionEnded: (() => void) | undefined;

@@ -16,8 +16,8 @@ export class OutageLog {
   private lastLine: number | undefined;
 
   constructor(
-    private readonly write: (message: string) => void,
-    private readonly writeRecovery: (message: string) => void,
+    /** Failures go to `error`, the recovery line to `log` (Nest's Logger). */
+    private readonly logger: { error(message: string): void; log(message: string): void },
     /** What failed, for the lines: `@Locked calls were answered "unavailable"`. */
     private readonly what: string,
     /** What a success means, for the recovery line: `locks can be had again`. */
@@ -40,7 +40,7 @@ export class OutageLog {
     const more = this.unlogged;
     this.unlogged = 0;
     this.lastLine = at;
-    this.write(more === 0 ? message : `${message} (and ${more} more ${this.what} since the previous line, not logged one by one)`);
+    this.logger.error(more === 0 ? message : `${message} (and ${more} more ${this.what} since the previous line, not logged one by one)`);
   }
 
   /** It works again: say how many failures went unlogged, if any, and start over. */
@@ -49,6 +49,6 @@ export class OutageLog {
     const more = this.unlogged;
     this.unlogged = 0;
     this.lastLine = undefined;
-    if (more > 0) this.writeRecovery(`${this.working}; ${more} more ${this.what} after the last line about them`);
+    if (more > 0) this.logger.log(`${this.working}; ${more} more ${this.what} after the last line about them`);
   }
 }

@@ -9,7 +9,8 @@ describe('OutageLog: a flood of one failure is logged at most once per interval'
     let clock = 0;
     const errors: string[] = [];
     const recoveries: string[] = [];
-    const log = new OutageLog((m) => errors.push(m), (m) => recoveries.push(m), 'calls failed', 'calls work again', OUTAGE_LOG_INTERVAL_MS, () => clock);
+    const logger = { error: (m: string) => void errors.push(m), log: (m: string) => void recoveries.push(m) };
+    const log = new OutageLog(logger, 'calls failed', 'calls work again', OUTAGE_LOG_INTERVAL_MS, () => clock);
     return { log, errors, recoveries, advance: (ms: number) => (clock += ms) };
   }
 
