@@ -9,6 +9,8 @@ export interface LockHandleHost {
   releaseHandle(lock: HeldLock, keepMs?: number): Promise<void>;
   extendHandle(lock: HeldLock, leaseMs: number, handle: LockHandle): Promise<void>;
   runInContext<T>(context: LockContext, fn: () => T): T;
+  /** Why grants carry no fencing token (a sentence that says what to change), or undefined when they do. */
+  readonly noFencingTokens: string | undefined;
 }
 
 /**
@@ -51,10 +53,7 @@ export class LockHandle {
    */
   get fencingToken(): number {
     if (Number.isNaN(this.lock.fencingToken)) {
-      throw new LockConfigurationError(
-        'fencingToken',
-        `Lock "${this.lock.key}" has no fencing token: with redlock, counters on independent masters cannot be made monotonic together. Use one Redis server, Sentinel or Cluster where fencing matters.`,
-      );
+      throw new LockConfigurationError('fencingToken', `Lock "${this.lock.key}" has no fencing token: ${this.host.noFencingTokens ?? 'none was issued.'}`);
     }
     return this.lock.fencingToken;
   }

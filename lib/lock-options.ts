@@ -71,6 +71,14 @@ export interface LockModuleOptions {
    */
   fencingCounterTtlMs?: number;
   /**
+   * Whether grants issue fencing tokens. Default true. False when no resource you protect checks
+   * them: a grant then skips the counter (one Redis TIME and one SET per fresh grant), and keys
+   * keep nothing in Redis after their release (fair locks excepted: their handovers keep using
+   * counters). `LockHandle.fencingToken` then throws `LockConfigurationError`, and events carry
+   * `NaN`. Not together with `fencingCounterTtlMs`; with `redlock` it can only be false.
+   */
+  fencingTokens?: boolean;
+  /**
    * Replica confirmation (Redis `WAIT`) on a single server or a Sentinel-managed master: after every
    * acquire, renew and release, wait until `replicas` replicas acknowledged it, at most `timeoutMs`.
    * Not available on Redis Cluster or with `redlock`. See the README's topology table.
@@ -206,6 +214,7 @@ export interface ResolvedModuleOptions {
   contendedHttpStatus: 409 | 423;
   fairQueueTimeoutMs: number;
   fencingCounterTtlMs: number;
+  fencingTokens: boolean;
   replication: Required<ReplicationOptions> | undefined;
   redlock: Required<RedlockOptions> | undefined;
 }
@@ -234,6 +243,7 @@ const MODULE_OPTION_NAMES = [
   'contendedHttpStatus',
   'fairQueueTimeoutMs',
   'fencingCounterTtlMs',
+  'fencingTokens',
   'replication',
   'redlock',
 ] as const;
@@ -265,6 +275,19 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
       `${where}: redlock issues no fencing tokens, so its masters keep no fencing counters; leave fencingCounterTtlMs out.`,
     );
   }
+  const fencingTokens = bool(o.fencingTokens, 'fencingTokens', where, !redlock);
+  if (fencingTokens && redlock) {
+    throw new LockConfigurationError(
+      'fencingTokens',
+      `${where}: redlock issues no fencing tokens (counters on independent masters cannot be made monotonic together); leave fencingTokens out, or use one Redis server, Sentinel or Cluster where fencing matters.`,
+    );
+  }
+  if (!fencingTokens && !redlock && o.fencingCounterTtlMs !== undefined) {
+    throw new LockConfigurationError(
+      'fencingCounterTtlMs',
+      `${where}: fencingTokens is false, so grants keep no fencing counters; leave fencingCounterTtlMs out (or set fencingTokens to true).`,
+    );
+  }
   const replication = replicationOption(o.replication, where);
   if (replication && (redlock || isClusterConnection(o.redis))) {
     throw new LockConfigurationError(
@@ -285,6 +308,7 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
     contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),
     fairQueueTimeoutMs: duration(o.fairQueueTimeoutMs, 'fairQueueTimeoutMs', where, { min: MIN_LEASE_MS, fallback: DEFAULT_FAIR_QUEUE_TIMEOUT_MS }),
     fencingCounterTtlMs: duration(o.fencingCounterTtlMs, 'fencingCounterTtlMs', where, { min: MIN_FENCING_COUNTER_TTL_MS, fallback: FENCE_COUNTER_TTL_MS }),
+    fencingTokens,
     replication,
     redlock,
   };

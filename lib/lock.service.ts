@@ -455,7 +455,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       debug: (m: string) => this.logger.debug(m),
       warn: (m: string) => this.logger.warn(m),
     };
-    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs } = this.options;
+    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs, fencingTokens } = this.options;
     if (this.options.store === 'memory') return new MemoryLockStore();
     if (redlock) {
       const nodes = redlock.clients.map((connection) => {
@@ -468,8 +468,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       return new RedlockStore(nodes, redlock.driftFactor);
     }
     // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
-    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication, fencingCounterTtlMs);
-    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication, fencingCounterTtlMs);
+    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
+    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
   }
 
   /** A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message. */
@@ -494,6 +494,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private contextFor(o: ResolvedLockOptions): LockContext {
     if (o.owner !== undefined) return { owner: o.owner };
     return this.contexts.getStore() ?? { owner: `${this.instanceId}:${++this.contextCount}` };
+  }
+
+  /** @internal */
+  get noFencingTokens(): string | undefined {
+    if (this.options.redlock) return 'with redlock, counters on independent masters cannot be made monotonic together. Use one Redis server, Sentinel or Cluster where fencing matters.';
+    if (!this.options.fencingTokens) return 'fencingTokens is false in the LockModule options. Set it to true (the default) to get tokens.';
+    return undefined;
   }
 
   /** @internal */
@@ -713,7 +720,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     } else {
       // A record without a matching hold in Redis means the old grant was lost unnoticed.
       if (lock) void this.markLost(lock, 'taken');
-      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, result.fencingToken, leaseStart, o.mode, this.drift);
+      // fencingTokens: false: no grant carries a token, whatever the store returned (a fair handover's, the memory store's).
+      const fencingToken = this.options.fencingTokens ? result.fencingToken : Number.NaN;
+      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift);
       if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);
@@ -722,7 +731,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         this.emit(
           result.holdCount > 1
             ? { type: 'reentered', key, owner: context.owner, holdCount: result.holdCount }
-            : { type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken: result.fencingToken },
+            : { type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken },
         );
       }
     }

@@ -2,7 +2,8 @@ import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
-import { until, type RedisServer } from '../support/redis-server.js';
+import { LockConfigurationError } from '../../lib/index.js';
+import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
 import { aborted, lockEachWay, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 /** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
@@ -159,5 +160,48 @@ describe('fencing counters with fencingCounterTtlMs', () => {
     const after = await locks.acquire('ttl:plain');
     expect(after.fencingToken).toBeGreaterThan(plainToken);
     await after.release();
+  });
+});
+
+describe('fencingTokens: false', () => {
+  let raw: Redis;
+  let app: LockApp;
+  usePrivateLockApp({ fencingTokens: false, fairQueueTimeoutMs: 20_000 }, (started) => ({ raw, app } = started));
+
+  /** How often scripts (and clients) called each command since the last RESETSTAT. */
+  async function calls(...commands: string[]): Promise<Record<string, number>> {
+    const stats = await raw.info('commandstats');
+    return Object.fromEntries(commands.map((c) => [c, Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0)]));
+  }
+
+  it('grants carry no token, read neither the clock nor a counter, and leave nothing in Redis (plain, re-entered, read, write, multi-key)', async () => {
+    const { locks } = app;
+    await raw.config('RESETSTAT');
+    const acquired = nextEvent(locks.events$, 'acquired', (e) => e.key === 'off:event');
+    const lock = await locks.acquire('off:event');
+    expect(() => lock.fencingToken).toThrow(LockConfigurationError);
+    expect(() => lock.fencingToken).toThrow(/fencingTokens is false in the LockModule options/);
+    expect((await acquired).fencingToken).toBeNaN();
+    await lock.release();
+    const keys = await lockEachWay(locks, 'off');
+    const group = await locks.acquire(['off:g1', 'off:g2']);
+    expect(() => group.fencingTokens).toThrow(LockConfigurationError);
+    await group.release();
+    // The one TIME is the read grant's: waiting writers' places lapse on Redis's clock.
+    expect(await calls('time', 'set', 'get', 'evalsha')).toEqual({ time: 1, set: 0, get: 0, evalsha: expect.any(Number) });
+    expect((await calls('evalsha')).evalsha).toBeGreaterThanOrEqual(2 * (keys.length + 2));
+    expect(await raw.keys('lock:*')).toEqual([]);
+  });
+
+  it('fair locks still hand over inside the release (their counters stay: the handover needs them)', async () => {
+    const { holder, waiter } = await queued(app, raw, 'off:fair');
+    await raw.config('RESETSTAT');
+    await holder.release();
+    const lock = await waiter;
+    // One script ran: the holder's release. The waiter took the lock without asking.
+    expect(await scriptCalls(raw)).toBe(1);
+    expect(() => lock.fencingToken).toThrow(LockConfigurationError);
+    await lock.release();
+    expect(await raw.keys('lock:*')).toEqual(['lock:{off:fair}:fence']);
   });
 });

@@ -61,6 +61,13 @@ describe('LockModule', () => {
       'fencingCounterTtlMs',
       /redlock issues no fencing tokens, so its masters keep no fencing counters; leave fencingCounterTtlMs out/,
     ],
+    [{ fencingTokens: 'no' }, 'fencingTokens', /fencingTokens must be true or false; got "no"/],
+    [{ fencingTokens: false, fencingCounterTtlMs: 60_000 }, 'fencingCounterTtlMs', /fencingTokens is false, so grants keep no fencing counters; leave fencingCounterTtlMs out/],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] }, fencingTokens: true },
+      'fencingTokens',
+      /redlock issues no fencing tokens .*leave fencingTokens out/,
+    ],
   ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
     const failure = await compile(options).then(
       () => new Error('bootstrap succeeded'),

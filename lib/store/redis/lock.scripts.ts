@@ -78,23 +78,27 @@ function nextToken(time: string, lifetime = 'ARGV[3]'): string {
 
 /**
  * Lua fragment: grant a free lock to `owner` with a fresh fencing token and return. `timeExpr`
- * yields Redis TIME ({seconds, microseconds}). Expects locals lock, fence, owner, lease; ARGV[3] is
- * the counter's lifetime.
+ * yields Redis TIME ({seconds, microseconds}); it is not evaluated when the counter's lifetime
+ * ARGV[3] is `0` (no tokens: TIME is one of the dearest calls a grant makes). Expects locals lock,
+ * fence, owner, lease.
  */
 function grantFresh(timeExpr: string): string {
-  return `local now = ${timeExpr}
+  return `local now = ARGV[3] ~= '0' and ${timeExpr}
   ${nextToken('now')}
   redis.call('hset', lock, owner, '1')
   redis.call('pexpire', lock, ARGV[2])
   return {1, 1, tonumber(token)}`;
 }
 
+/** Lua expression: the latest fencing token of `fence` (0 when none, or when the counter's lifetime ARGV[3] is `0`: no tokens, nothing read). */
+const currentToken = `(ARGV[3] ~= '0' and tonumber(redis.call('get', fence) or '0') or 0)`;
+
 /** Lua fragment: if `owner` holds the lock, take one more hold (never shortening the lease) and return. */
 const reenter = `if redis.call('hexists', lock, owner) == 1 then
   local holds = redis.call('hincrby', lock, owner, '1')
   local ttl = redis.call('pttl', lock)
   if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
-  return {1, holds, tonumber(redis.call('get', fence) or '0')}
+  return {1, holds, ${currentToken}}
 end`;
 
 
@@ -188,7 +192,7 @@ ${handOver}
 if ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
   redis.call('hdel', lock, ':handed')
   redis.call('pexpire', lock, ARGV[2])
-  return {1, tonumber(redis.call('hget', lock, owner)), tonumber(redis.call('get', fence) or '0')}
+  return {1, tonumber(redis.call('hget', lock, owner)), ${currentToken}}
 end
 ${reenter}
 local t = redis.call('time')
@@ -210,7 +214,7 @@ redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
 redis.call('pexpire', queue, 2 * queueTimeout)
 redis.call('pexpire', timeouts, 2 * queueTimeout)
 redis.call('pexpire', leases, 2 * queueTimeout)
-return {0, redis.call('pttl', lock), tonumber(redis.call('get', fence) or '0')}
+return {0, redis.call('pttl', lock), ${currentToken}}
 `;
 
 /**
@@ -338,7 +342,7 @@ if redis.call('hexists', lock, field) == 1 then
   local holds = redis.call('hincrby', lock, field, '1')
   local ttl = redis.call('pttl', lock)
   if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
-  return {1, holds, tonumber(redis.call('get', fence) or '0')}
+  return {1, holds, ${currentToken}}
 end
 local exists = redis.call('exists', lock) == 1
 local mode = redis.call('hget', lock, ':mode')
@@ -431,7 +435,7 @@ for i = 1, n do
     return {0, i, redis.call('pttl', lock)}
   end
 end
-local t = redis.call('time')
+local t = ARGV[3] ~= '0' and redis.call('time')
 local out = {1}
 for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
@@ -446,7 +450,7 @@ for i = 1, n do
     local ttl = redis.call('pttl', lock)
     if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
     out[#out + 1] = holds
-    out[#out + 1] = tonumber(redis.call('get', fence) or '0')
+    out[#out + 1] = ${currentToken}
   end
 end
 return out

@@ -76,6 +76,8 @@ export class RedisLockStore implements LockStore {
   private waitRefused = false;
   /** The `WAIT` the steps confirmed in this turn of the event loop share (see confirm). */
   private nextWait: Promise<number | undefined> | undefined;
+  /** The counter lifetime the non-fair grant scripts get: `0` when they issue no tokens. */
+  private readonly grantFenceTtlMs: number;
 
   constructor(
     private readonly client: RedisClient,
@@ -85,7 +87,14 @@ export class RedisLockStore implements LockStore {
     private readonly replication?: Required<ReplicationOptions>,
     /** How long a fencing counter outlives its key's last grant (`fencingCounterTtlMs`); 0 keeps none (tokens are then 0: Redlock's nodes). */
     private readonly fenceTtlMs: number = FENCE_COUNTER_TTL_MS,
+    /**
+     * False (`fencingTokens: false`): plain, read, write and multi-key grants keep no counter and
+     * issue token 0 (their scripts then skip TIME and the counter). Fair locks keep theirs: a
+     * waiter tells a stale handover from a fresh one by its token.
+     */
+    issueTokens = true,
   ) {
+    this.grantFenceTtlMs = issueTokens ? fenceTtlMs : 0;
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
     if (this.cluster) {
       const nodes = ((client as unknown as { startupNodes?: unknown[] }).startupNodes ?? []).map(describeNode);
@@ -155,9 +164,9 @@ export class RedisLockStore implements LockStore {
     const fence = `${name}:fence`;
     let r: number[];
     if (mode === 'read') {
-      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.fenceTtlMs])) as number[];
+      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
     } else if (mode === 'write') {
-      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.fenceTtlMs, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
+      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
     } else if (fair) {
       const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
       r = (await scripts.acquireFair.run(
@@ -166,7 +175,7 @@ export class RedisLockStore implements LockStore {
         [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
       )) as number[];
     } else {
-      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.fenceTtlMs])) as number[];
+      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
@@ -239,7 +248,7 @@ export class RedisLockStore implements LockStore {
       const name = this.lockName(key);
       return [name, `${name}:fence`];
     });
-    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.fenceTtlMs])) as unknown[]).map(Number);
+    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
     if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { RedisLockStore } from '../../../lib/store/redis/redis-lock.store.js';
+import { FENCE_COUNTER_TTL_MS } from '../../../lib/store/redis/lock.scripts.js';
 import { RedisServer } from '../../support/redis-server.js';
 
 const quiet = { debug: () => undefined, warn: () => undefined };
@@ -10,14 +11,18 @@ describe('RedisLockStore scripts', () => {
   let raw: Redis;
   let client: Redis;
   let store: RedisLockStore;
+  /** As LockService builds it with `fencingTokens: false`. */
+  let noTokens: RedisLockStore;
   beforeAll(async () => {
     redis = await RedisServer.start();
     raw = redis.client();
     client = redis.client();
     store = new RedisLockStore(client, false, 'lock:', quiet);
-    await store.ready(5_000);
+    noTokens = new RedisLockStore(client, false, 'lock:', quiet, undefined, FENCE_COUNTER_TTL_MS, false);
+    await Promise.all([store.ready(5_000), noTokens.ready(5_000)]);
   });
   afterAll(async () => {
+    await noTokens?.close();
     await store?.close();
     await redis?.stop();
   });
@@ -72,8 +77,12 @@ describe('RedisLockStore scripts', () => {
     expect(await raw.pttl('lock:{long}')).toBeGreaterThan(19_000);
   });
 
-  it("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)", async () => {
-    const key = 'stale-grant';
+  it.each([
+    ['', () => store],
+    [' (fencingTokens: false: fair locks keep their tokens for this)', () => noTokens],
+  ])("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)%s", async (_, of) => {
+    const store = of();
+    const key = `stale-grant${store === noTokens ? ':no-tokens' : ''}`;
     const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
     const holder = await store.acquire({ key, owner: 'H', ...fair });
     if (!holder.granted) throw new Error('the holder was refused');
@@ -86,8 +95,9 @@ describe('RedisLockStore scripts', () => {
       // Asleep when two handovers' messages arrive, in order: one issued before the refused attempt
       // ran (its token is not past what the attempt saw: void), then a later one.
       const woke = watch.sleep(10_000);
-      await raw.publish('lock:{stale-grant}', `granted ${holder.fencingToken} ${watch.waitId} W`);
-      await raw.publish('lock:{stale-grant}', `granted ${holder.fencingToken + 1} ${watch.waitId} W`);
+      expect(holder.fencingToken).toBeGreaterThan(0);
+      await raw.publish(`lock:{${key}}`, `granted ${holder.fencingToken} ${watch.waitId} W`);
+      await raw.publish(`lock:{${key}}`, `granted ${holder.fencingToken + 1} ${watch.waitId} W`);
       expect(await woke).toBe('granted');
       expect(watch.grantedToken).toBe(holder.fencingToken + 1);
     } finally {
