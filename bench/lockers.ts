@@ -17,6 +17,7 @@ export interface Locker {
 export type LockerKind =
   | 'nestjs-locked'
   | 'nestjs-locked-fair'
+  | 'nestjs-locked-no-fencing'
   | 'raw'
   | 'raw-batched'
   | 'redlock'
@@ -36,8 +37,10 @@ const CAD = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('de
 export async function makeLocker(kind: LockerKind, url: string): Promise<Locker> {
   switch (kind) {
     case 'nestjs-locked':
-    case 'nestjs-locked-fair': {
-      const locks = new LockService({ redis: url, waitMs: Infinity });
+    case 'nestjs-locked-fair':
+    case 'nestjs-locked-no-fencing': {
+      // nestjs-locked-no-fencing: with fencingTokens: false (README, "Turning tokens off").
+      const locks = new LockService({ redis: url, waitMs: Infinity, ...(kind === 'nestjs-locked-no-fencing' ? { fencingTokens: false } : {}) });
       await locks.onModuleInit();
       const fair = kind === 'nestjs-locked-fair';
       return {

@@ -14,8 +14,9 @@
 // (INFO cpu), which tells the decorator's own cost from the lock's cost in Redis.
 // PROFILE_SCENARIOS picks the parts (default `1,2,4`).
 // PROFILE_KINDS picks the kinds (default `raw,scripts,nestjs-locked`); besides the lockers of
-// bench/lockers.ts, `scripts-empty`, `scripts-no-fencing` and `scripts-no-announcement` are the bare
-// scripts with one part taken out (bench/our-scripts.ts), which tells what each part costs in time.
+// bench/lockers.ts, `scripts-empty`, `scripts-no-fencing`, `scripts-no-announcement` and
+// `scripts-hold-count-only` are the bare scripts with parts taken out (bench/our-scripts.ts), which
+// tells what each part costs in time.
 // Each kind's `vsRaw` is the median over the rounds of its pairs/s over the raw limit's in the same
 // round (when `raw` is one of the kinds).
 // PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function

@@ -22,9 +22,9 @@ const CAD = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('de
 
 type Pair = (client: Redis, i: number) => Promise<void>;
 
-function ourPair(acquire: string, release: string): (client: Redis) => Promise<Pair> {
+function ourPair(acquire: string, release: string, grantCounterTtlMs?: number): (client: Redis) => Promise<Pair> {
   return async (client) => {
-    const pair = await scriptsPair(client, acquire, release);
+    const pair = await scriptsPair(client, acquire, release, grantCounterTtlMs);
     return (_c, i) => pair(`k${i}`, `instance-id-xyz:${i}`);
   };
 }
@@ -39,6 +39,7 @@ const kinds: Record<string, (client: Redis) => Promise<Pair>> = {
     };
   },
   'nestjs-locked scripts': ourPair(ACQUIRE, RELEASE),
+  'nestjs-locked scripts, fencingTokens: false': ourPair(ACQUIRE, RELEASE, 0),
 };
 
 if (process.env.INSTRUCTIONS_BREAKDOWN) {
