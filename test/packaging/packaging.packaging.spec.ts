@@ -18,6 +18,29 @@ const run = (cwd: string, command: string, args: string[], env: Record<string, s
   return { ok: result.status === 0, output: `${result.stdout}\n${result.stderr}` };
 };
 
+/**
+ * A date at which the registry resolved both apps' dependencies (checked 2026-11-24). Used only
+ * when the registry as it is now cannot be resolved: a package published with a dependency the
+ * registry (or its mirror) does not have yet. On 2026-11-24, @babel/types 7.29.15 required
+ * @babel/helper-string-parser ^7.29.15, which the mirror of these machines lacked (ETARGET).
+ */
+const RESOLVABLE_REGISTRY_DATE = '2026-11-18';
+
+/**
+ * `npm install` as a new user would run it, resolving every range afresh; if the registry cannot
+ * satisfy a range (ETARGET, which is not ours to fix), again with the registry as it was on
+ * RESOLVABLE_REGISTRY_DATE (npm's `--before`), saying so.
+ */
+function installFresh(dir: string): { ok: boolean; output: string } {
+  const args = ['install', '--no-audit', '--no-fund', '--loglevel=error'];
+  const fresh = run(dir, 'npm', args);
+  if (fresh.ok || !/\bETARGET\b/.test(fresh.output)) return fresh;
+  process.stderr.write(`packaging: the registry cannot resolve today's versions (${/notarget (.*)/.exec(fresh.output)?.[1] ?? 'ETARGET'}); installing as of ${RESOLVABLE_REGISTRY_DATE}\n`);
+  rmSync(join(dir, 'node_modules'), { recursive: true, force: true });
+  rmSync(join(dir, 'package-lock.json'), { force: true });
+  return run(dir, 'npm', [...args, `--before=${RESOLVABLE_REGISTRY_DATE}`]);
+}
+
 describe('the packed package in fresh apps', () => {
   let redis: RedisServer;
   let files: string[] = [];
@@ -50,7 +73,7 @@ describe('the packed package in fresh apps', () => {
     it(`installs into a fresh ${app} app, whose types resolve and whose own tests pass`, () => {
       const dir = join(work, app);
       cpSync(join(root, 'test', 'packaging', 'apps', app), dir, { recursive: true });
-      const install = run(dir, 'npm', ['install', '--no-audit', '--no-fund', '--loglevel=error']);
+      const install = installFresh(dir);
       expect({ step: 'npm install', ok: install.ok, output: install.ok ? '' : install.output }).toEqual({ step: 'npm install', ok: true, output: '' });
       const typecheck = run(dir, 'npm', ['run', 'typecheck']);
       expect({ step: 'tsc --noEmit', ok: typecheck.ok, output: typecheck.ok ? '' : typecheck.output }).toEqual({ step: 'tsc --noEmit', ok: true, output: '' });
