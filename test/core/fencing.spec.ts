@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
 import { LockConfigurationError } from '../../lib/index.js';
-import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
+import { commandCalls, scriptCalls, until, type RedisServer } from '../support/redis-server.js';
 import { aborted, lockEachWay, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 /** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
@@ -168,12 +168,6 @@ describe('fencingTokens: false', () => {
   let app: LockApp;
   usePrivateLockApp({ fencingTokens: false, fairQueueTimeoutMs: 20_000 }, (started) => ({ raw, app } = started));
 
-  /** How often scripts (and clients) called each command since the last RESETSTAT. */
-  async function calls(...commands: string[]): Promise<Record<string, number>> {
-    const stats = await raw.info('commandstats');
-    return Object.fromEntries(commands.map((c) => [c, Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0)]));
-  }
-
   it('grants carry no token, read neither the clock nor a counter, and leave nothing in Redis (plain, re-entered, read, write, multi-key)', async () => {
     const { locks } = app;
     await raw.config('RESETSTAT');
@@ -188,8 +182,9 @@ describe('fencingTokens: false', () => {
     expect(() => group.fencingTokens).toThrow(LockConfigurationError);
     await group.release();
     // The one TIME is the read grant's: waiting writers' places lapse on Redis's clock.
-    expect(await calls('time', 'set', 'get', 'evalsha')).toEqual({ time: 1, set: 0, get: 0, evalsha: expect.any(Number) });
-    expect((await calls('evalsha')).evalsha).toBeGreaterThanOrEqual(2 * (keys.length + 2));
+    const calls = await commandCalls(raw, 'time', 'set', 'get', 'evalsha');
+    expect(calls).toEqual({ time: 1, set: 0, get: 0, evalsha: expect.any(Number) });
+    expect(calls.evalsha).toBeGreaterThanOrEqual(2 * (keys.length + 2));
     expect(await raw.keys('lock:*')).toEqual([]);
   });
 

@@ -4,7 +4,7 @@ import { filter } from 'rxjs';
 import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
-import { until } from '../support/redis-server.js';
+import { scriptCalls, until } from '../support/redis-server.js';
 import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
@@ -90,8 +90,7 @@ describe('Redis Cluster', () => {
       await node.config('RESETSTAT');
       await holder.release();
       const lock = await waiting;
-      const stats = String(await node.info('commandstats'));
-      expect(Number(/cmdstat_evalsha:calls=(\d+)/.exec(stats)?.[1])).toBe(1);
+      expect(await scriptCalls(node)).toBe(1);
       expect(lock.fencingToken).toBeGreaterThan(holder.fencingToken);
       await lock.release();
       expect(await app.locks.isLocked(key)).toBe(false);

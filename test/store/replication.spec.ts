@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError } from '../../lib/index.js';
-import { RedisServer, replicaAcknowledges, until } from '../support/redis-server.js';
+import { RedisServer, commandCalls, replicaAcknowledges, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
 /**
@@ -87,7 +87,7 @@ describe('replica confirmation (WAIT)', () => {
   it('lets steps whose replies arrive together share one WAIT, so a replica that does not answer costs queued steps one more WAIT, not one each', async () => {
     // No replica: every WAIT runs its whole timeout, and blocks the lock connection meanwhile.
     const probe = lonely.client();
-    const waits = async () => Number(/cmdstat_wait:calls=(\d+)/.exec(String(await probe.info('commandstats')))?.[1] ?? 0);
+    const waits = async () => (await commandCalls(probe, 'wait')).wait;
     const blockedInWait = async () => String(await probe.client('LIST')).split('\n').filter((line) => / cmd=wait /.test(line)).length;
     const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 2_000, onUnconfirmedAcquire: 'keep' } });
     try {

@@ -160,18 +160,27 @@ export async function until(check: () => Promise<boolean>, ms: number, what: str
 }
 
 /**
+ * How often a server ran each of `commands` (lower case) since its statistics were last reset,
+ * whether clients sent them or scripts called them (`INFO commandstats`).
+ */
+export async function commandCalls<C extends string>(client: Redis, ...commands: C[]): Promise<Record<C, number>> {
+  const stats = await client.info('commandstats');
+  return Object.fromEntries(commands.map((c) => [c, Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0)])) as Record<C, number>;
+}
+
+/** How many scripts (EVALSHA and EVAL) a server has run since its statistics were last reset. */
+export async function scriptCalls(client: Redis): Promise<number> {
+  const { evalsha, eval: evals } = await commandCalls(client, 'evalsha', 'eval');
+  return evalsha + evals;
+}
+
+/**
  * Whether a replica of `master` acknowledges writes now: a write made on it is confirmed by `WAIT 1`
  * (what the lock module's replica confirmation asks). Being listed as online in the master's INFO,
  * or `master_link_status:up` on the replica, is not enough: Redis 7.0 marks a replica online when a
  * diskless transfer ends, before its first ACK, and clean-clone CI runs saw a WAIT get no
  * acknowledgement within 400 ms right then (after a Sentinel rejoin, and at start).
  */
-/** How many scripts (EVALSHA and EVAL) a server has run since its statistics were last reset. */
-export async function scriptCalls(client: Redis): Promise<number> {
-  const stats = await client.info('commandstats');
-  return ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
-}
-
 export async function replicaAcknowledges(master: Redis): Promise<boolean> {
   if (!/slave0:.*state=online/.test(String(await master.info('replication')))) return false;
   await master.set('harness:acknowledged', '1');

@@ -78,11 +78,10 @@ describe('RedisLockStore scripts', () => {
   });
 
   it.each([
-    ['', () => store],
-    [' (fencingTokens: false: fair locks keep their tokens for this)', () => noTokens],
-  ])("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)%s", async (_, of) => {
-    const store = of();
-    const key = `stale-grant${store === noTokens ? ':no-tokens' : ''}`;
+    ['', 'stale-grant', () => store],
+    [' (fencingTokens: false: fair locks keep their tokens for this)', 'stale-grant:no-tokens', () => noTokens],
+  ])("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)%s", async (_, key, storeOf) => {
+    const store = storeOf();
     const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
     const holder = await store.acquire({ key, owner: 'H', ...fair });
     if (!holder.granted) throw new Error('the holder was refused');
