@@ -12,7 +12,7 @@ import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { LockService } from '../lib/index.js';
-import { RedisServer } from '../test/support/redis-server.js';
+import { RedisServer, scriptCalls } from '../test/support/redis-server.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
 import { jain, median, percentile, round } from './stats.js';
 import { writeReport } from './report.js';
@@ -247,8 +247,7 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
   await new Promise((r) => setTimeout(r, (periods * leaseMs) / 3 + 100));
   delay.disable();
   const elapsedPeriods = (performance.now() - started) / (leaseMs / 3);
-  const stats = await raw.info('commandstats');
-  const calls = ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+  const calls = await scriptCalls(raw);
   const lost = handles.filter((h) => h.signal.aborted).length;
   await Promise.all(handles.map((h) => h.release()));
   const redisLeft = await redisUsed();
