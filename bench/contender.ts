@@ -3,8 +3,12 @@
 //   Within a round every acquisition after the first is a handoff to a waiter.
 // - {type:'loop', until}: every worker loops acquire / hold / release / retry until `until` (a
 //   tight loop, for fairness); replies with the events.
+// - {type:'ping', count}: every worker sends `count` PINGs one after another on the process's own
+//   client, all workers at once (PING round trips at the contenders' concurrency); replies with the
+//   latencies in ms.
 // - {type:'stop'}: closes and exits.
 // Times are on a clock shared by processes (timeOrigin + now). argv: kind redisUrl key workers processIndex
+import { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { makeLocker, type LockerKind } from './lockers.js';
 
@@ -21,7 +25,9 @@ async function once(worker: string, acquisitions: { worker: string; at: number }
   await release();
 }
 
-process.on('message', async (m: { type: string; until?: number }) => {
+let pinger: Redis | undefined;
+
+process.on('message', async (m: { type: string; until?: number; count?: number }) => {
   const acquisitions: { worker: string; at: number }[] = [];
   const releases: number[] = [];
   const ids = Array.from({ length: Number(workers) }, (_, w) => `${processIndex}:${w}`);
@@ -38,7 +44,23 @@ process.on('message', async (m: { type: string; until?: number }) => {
       }),
     );
     process.send!({ type: 'events', acquisitions, releases });
+  } else if (m.type === 'ping') {
+    pinger ??= new Redis(url);
+    const client = pinger;
+    for (let i = 0; i < 100; i++) await client.ping();
+    const latencies: number[] = [];
+    await Promise.all(
+      ids.map(async () => {
+        for (let i = 0; i < m.count!; i++) {
+          const t = performance.now();
+          await client.ping();
+          latencies.push(performance.now() - t);
+        }
+      }),
+    );
+    process.send!({ type: 'pings', latencies });
   } else if (m.type === 'stop') {
+    await pinger?.quit();
     await locker.close();
     process.disconnect();
   }

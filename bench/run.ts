@@ -130,8 +130,8 @@ interface Events {
   releases: number[];
 }
 
-async function contended(kind: LockerKind, url: string, processes: number, budgetMs = 2_000): Promise<Row> {
-  const key = freshKey();
+/** `processes` contender children (bench/contender.ts) of `kind` on `key`, 8 workers between them. */
+async function contenders(kind: LockerKind, url: string, key: string, processes: number) {
   const children = Array.from({ length: processes }, (_, p) =>
     fork(join(here, 'contender.js'), [kind, url, key, String(8 / processes), String(p)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }),
   );
@@ -147,16 +147,48 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
       child.on('message', onMessage);
       child.once('exit', onExit);
     });
+  await Promise.all(children.map((c) => next(c, 'ready')));
+  return {
+    /** Sends `message` to every child and resolves to their replies of type `reply`. */
+    ask: (message: Record<string, unknown>, reply: string) => {
+      const replies = children.map((c) => next(c, reply));
+      for (const c of children) c.send(message);
+      return Promise.all(replies);
+    },
+    stop: async () => {
+      for (const c of children) c.send({ type: 'stop' });
+      await Promise.all(children.map((c) => new Promise((resolve) => (c.exitCode !== null ? resolve(null) : c.once('exit', resolve)))));
+    },
+  };
+}
+
+/**
+ * PING round trips at scenario 3's concurrency: in the same topology as its contenders (`processes`
+ * children, 8 workers between them, one client per process), every worker sends `count` PINGs one
+ * after another, all at once. The issue's raw limit includes "PING round trips, at the same
+ * concurrency"; scenario 1's PING (one caller) is the other reading.
+ */
+async function concurrentPing(url: string, processes: number, count = 500): Promise<Row> {
+  const children = await contenders('raw', url, freshKey(), processes);
+  try {
+    const started = performance.now();
+    const latencies = (await children.ask({ type: 'ping', count }, 'pings')).flatMap((m) => m.latencies as number[]);
+    const elapsed = performance.now() - started;
+    return { pingsPerSec: round((latencies.length / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+  } finally {
+    await children.stop();
+  }
+}
+
+async function contended(kind: LockerKind, url: string, processes: number, budgetMs = 2_000): Promise<Row> {
+  const children = await contenders(kind, url, freshKey(), processes);
   const everyone = async (message: Record<string, unknown>): Promise<Events> => {
-    const replies = children.map((c) => next(c, 'events'));
-    for (const c of children) c.send(message);
-    const all = (await Promise.all(replies)) as unknown as Events[];
+    const all = (await children.ask(message, 'events')) as unknown as Events[];
     return {
       acquisitions: all.flatMap((e) => e.acquisitions).sort((a, b) => a.at - b.at),
       releases: all.flatMap((e) => e.releases).sort((a, b) => a - b),
     };
   };
-  await Promise.all(children.map((c) => next(c, 'ready')));
 
   // Handoff latency: rounds in which each worker takes the lock once. Every acquisition after the
   // first of a round is a waiter getting the lock; its handoff starts when the previous holder
@@ -184,8 +216,7 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
   let switches = 0;
   for (let i = 1; i < acquisitions.length; i++) if (acquisitions[i]!.worker !== acquisitions[i - 1]!.worker) switches++;
 
-  for (const c of children) c.send({ type: 'stop' });
-  await Promise.all(children.map((c) => new Promise((resolve) => (c.exitCode !== null ? resolve(null) : c.once('exit', resolve)))));
+  await children.stop();
   return {
     acquisitionsPerSec: round((acquired / roundTime) * 1000, 0),
     handoffP50Ms: round(percentile(handoffs, 50), 3),
@@ -289,16 +320,20 @@ async function main() {
     }
     if (ONLY.includes(3)) {
       const s3: Record<string, Record<string, Row>> = {};
+      const pings: Record<string, Row> = {};
       const kinds: LockerKind[] = ['raw', 'nestjs-locked', 'nestjs-locked-fair', 'redlock', 'redlock-10ms', 'sesame-redlock', 'sesame-redlock-10ms', 'redis-semaphore'];
       for (const processes of [1, 2]) {
         const topology = processes === 1 ? '1x8' : '2x4';
         s3[topology] = {};
+        pings[topology] = await repeated(() => concurrentPing(url, processes), 'p50Ms');
+        log('PING', topology, pings[topology]);
         for (const kind of kinds) {
           s3[topology]![kind] = await repeated(() => contended(kind, url, processes), 'handoffP50Ms');
           log('contended', topology, kind, s3[topology]![kind]);
         }
       }
       results.contended = s3;
+      results.contendedPing = pings;
     }
     if (ONLY.includes(4)) results.http = await http(url);
     if (ONLY.includes(5)) {
