@@ -5,12 +5,13 @@
 //   tight loop, for fairness); replies with the events.
 // - {type:'ping', count}: every worker sends `count` PINGs one after another on the process's own
 //   client, all workers at once (PING round trips at the contenders' concurrency); replies with the
-//   latencies in ms.
+//   latencies in ms and how long the timed part took.
 // - {type:'stop'}: closes and exits.
 // Times are on a clock shared by processes (timeOrigin + now). argv: kind redisUrl key workers processIndex
 import { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { makeLocker, type LockerKind } from './lockers.js';
+import { timedPings } from './ping.js';
 
 const [kind, url, key, workers, processIndex] = process.argv.slice(2) as [LockerKind, string, string, string, string];
 const clock = () => performance.timeOrigin + performance.now();
@@ -46,19 +47,7 @@ process.on('message', async (m: { type: string; until?: number; count?: number }
     process.send!({ type: 'events', acquisitions, releases });
   } else if (m.type === 'ping') {
     pinger ??= new Redis(url);
-    const client = pinger;
-    for (let i = 0; i < 100; i++) await client.ping();
-    const latencies: number[] = [];
-    await Promise.all(
-      ids.map(async () => {
-        for (let i = 0; i < m.count!; i++) {
-          const t = performance.now();
-          await client.ping();
-          latencies.push(performance.now() - t);
-        }
-      }),
-    );
-    process.send!({ type: 'pings', latencies });
+    process.send!({ type: 'pings', ...(await timedPings(pinger, ids.length, m.count!, 100)) });
   } else if (m.type === 'stop') {
     await pinger?.quit();
     await locker.close();

@@ -15,6 +15,7 @@ import { LockService } from '../lib/index.js';
 import { RedisServer, scriptCalls } from '../test/support/redis-server.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
 import { jain, median, percentile, round } from './stats.js';
+import { pingFigures, timedPings } from './ping.js';
 import { writeReport } from './report.js';
 import { startHttpApp } from './http-app-child.js';
 
@@ -94,17 +95,9 @@ const freshKey = () => `bench:${process.pid}:${++keySeq}`;
 
 async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
   const client = new Redis(url);
-  for (let i = 0; i < 200; i++) await client.ping();
-  const latencies: number[] = [];
-  const started = performance.now();
-  for (let i = 0; i < count; i++) {
-    const t = performance.now();
-    await client.ping();
-    latencies.push(performance.now() - t);
-  }
-  const elapsed = performance.now() - started;
+  const { latencies, elapsedMs } = await timedPings(client, 1, count, 200);
   await client.quit();
-  return { pingsPerSec: round((count / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+  return pingFigures(latencies, elapsedMs);
 }
 
 // 1. One client, sequential acquire + release on fresh keys (one slice: 1 worker x 500 pairs), and
@@ -171,10 +164,11 @@ async function contenders(kind: LockerKind, url: string, key: string, processes:
 async function concurrentPing(url: string, processes: number, count = 500): Promise<Row> {
   const children = await contenders('raw', url, freshKey(), processes);
   try {
-    const started = performance.now();
-    const latencies = (await children.ask({ type: 'ping', count }, 'pings')).flatMap((m) => m.latencies as number[]);
-    const elapsed = performance.now() - started;
-    return { pingsPerSec: round((latencies.length / elapsed) * 1000, 0), p50Ms: round(percentile(latencies, 50), 3), p99Ms: round(percentile(latencies, 99), 3) };
+    const replies = await children.ask({ type: 'ping', count }, 'pings');
+    const latencies = replies.flatMap((m) => m.latencies as number[]);
+    // The rate over the longest child's timed part: their warm-ups and the IPC are left out.
+    const elapsedMs = Math.max(...replies.map((m) => m.elapsedMs as number));
+    return pingFigures(latencies, elapsedMs);
   } finally {
     await children.stop();
   }
