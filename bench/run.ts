@@ -1,6 +1,7 @@
 // `npm run bench`: every scenario of BENCHMARKS.md against one private redis-server. Scenarios 1, 2
 // and 4 run in short slices, every library (or endpoint) once per round, 4 x BENCH_REPEATS rounds
-// (BENCH_REPEATS, default 3); scenarios 3 and 5 are repeated BENCH_REPEATS times and reported as the
+// (BENCH_REPEATS, default 3); scenario 3 runs BENCH_REPEATS rounds, every library and both PING
+// readings once per round; scenario 5 is repeated BENCH_REPEATS times. Each is reported as the
 // median run. Ratios are computed within this run only, so the noise of a shared machine cancels
 // out. Writes bench/results/latest.json and BENCHMARKS.md. BENCH_ONLY=1,3 runs some scenarios only
 // (and does not rewrite BENCHMARKS.md).
@@ -88,6 +89,32 @@ async function repeated<T extends Row>(fn: () => Promise<T>, by: keyof T): Promi
   for (let i = 0; i < REPEATS; i++) runs.push(await fn());
   const sorted = [...runs].sort((a, b) => Number(a[by]) - Number(b[by]));
   return { ...sorted[Math.floor(sorted.length / 2)]!, runs: runs.map((r) => Number(r[by])) };
+}
+
+/**
+ * Scenario 3: REPEATS rounds, each running every kind once in a rotated order (so none is always
+ * first), as `sliced` does for scenarios 1, 2 and 4. Each kind's row is its median run by
+ * `handoffP50Ms` (by `p50Ms` for PING rows), with `runs` holding that figure of every round in round
+ * order, so report.ts compares two kinds round by round: both runs of a round ran within seconds of
+ * each other, where running one kind's REPEATS runs back to back put minutes between the two sides of
+ * a ratio.
+ */
+async function rounds<K extends string>(kinds: K[], run: (kind: K) => Promise<Row>): Promise<Record<K, Row & { runs: number[] }>> {
+  const by = (row: Row) => Number(row.handoffP50Ms ?? row.p50Ms);
+  const runs = new Map<K, Row[]>(kinds.map((k) => [k, []]));
+  for (let r = 0; r < REPEATS; r++) {
+    for (let i = 0; i < kinds.length; i++) {
+      const kind = kinds[(i + r) % kinds.length]!;
+      runs.get(kind)!.push(await run(kind));
+    }
+    log('round', r + 1, 'of', REPEATS, Object.fromEntries([...runs].map(([k, list]) => [k, by(list.at(-1)!)])));
+  }
+  const out = {} as Record<K, Row & { runs: number[] }>;
+  for (const [kind, list] of runs) {
+    const sorted = [...list].sort((a, b) => by(a) - by(b));
+    out[kind] = { ...sorted[Math.floor(sorted.length / 2)]!, runs: list.map(by) };
+  }
+  return out;
 }
 
 let keySeq = 0;
@@ -313,21 +340,25 @@ async function main() {
       results.concurrent = await sliced([...simple, 'raw-batched'], (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 64, 40), (locker) => locker.close(), 'pairsPerSec');
     }
     if (ONLY.includes(3)) {
-      const s3: Record<string, Record<string, Row>> = {};
-      const pings: Record<string, Row> = {};
       const kinds: LockerKind[] = ['raw', 'nestjs-locked', 'nestjs-locked-fair', 'redlock', 'redlock-10ms', 'sesame-redlock', 'sesame-redlock-10ms', 'redis-semaphore'];
+      const s3 = {} as Record<string, Record<string, Row>>;
+      const pings = {} as Record<string, Row>;
+      const solo = {} as Record<string, Row>;
       for (const processes of [1, 2]) {
         const topology = processes === 1 ? '1x8' : '2x4';
-        s3[topology] = {};
-        pings[topology] = await repeated(() => concurrentPing(url, processes), 'p50Ms');
-        log('PING', topology, pings[topology]);
-        for (const kind of kinds) {
-          s3[topology]![kind] = await repeated(() => contended(kind, url, processes), 'handoffP50Ms');
-          log('contended', topology, kind, s3[topology]![kind]);
-        }
+        log('3. contended', topology);
+        const rows = await rounds([...kinds, 'ping', 'ping-one-caller'], (kind) =>
+          kind === 'ping' ? concurrentPing(url, processes) : kind === 'ping-one-caller' ? pingRoundTrip(url) : contended(kind, url, processes),
+        );
+        const { ping, 'ping-one-caller': oneCaller, ...locks } = rows;
+        s3[topology] = locks;
+        pings[topology] = ping!;
+        solo[topology] = oneCaller!;
       }
       results.contended = s3;
       results.contendedPing = pings;
+      results.contendedPingOneCaller = solo;
+      results.contendedRounds = REPEATS;
     }
     if (ONLY.includes(4)) results.http = await http(url);
     if (ONLY.includes(5)) {
