@@ -1,8 +1,7 @@
 // PING round trips, the raw limit's yardstick for latency: shared by scenario 1 (one caller, in
 // bench/run.ts) and scenario 3 (its contenders' concurrency, in each bench/contender.ts child).
 import type { Redis } from 'ioredis';
-import { performance } from 'node:perf_hooks';
-import { percentile, round } from './stats.js';
+import { percentile, round, timedLoops } from './stats.js';
 
 /**
  * `warmUp` PINGs one after another, then `callers` loops at once, each sending `count` PINGs one
@@ -11,18 +10,7 @@ import { percentile, round } from './stats.js';
  */
 export async function timedPings(client: Redis, callers: number, count: number, warmUp: number): Promise<{ latencies: number[]; elapsedMs: number }> {
   for (let i = 0; i < warmUp; i++) await client.ping();
-  const latencies: number[] = [];
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: callers }, async () => {
-      for (let i = 0; i < count; i++) {
-        const t = performance.now();
-        await client.ping();
-        latencies.push(performance.now() - t);
-      }
-    }),
-  );
-  return { latencies, elapsedMs: performance.now() - started };
+  return timedLoops(callers, count, () => client.ping());
 }
 
 /** The figures reported for PING round trips: their rate over `elapsedMs`, and latency p50 and p99. */

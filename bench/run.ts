@@ -15,7 +15,7 @@ import { Redis } from 'ioredis';
 import { LockService } from '../lib/index.js';
 import { RedisServer, scriptCalls } from '../test/support/redis-server.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
-import { jain, median, percentile, round } from './stats.js';
+import { jain, median, percentile, round, timedLoops } from './stats.js';
 import { pingFigures, timedPings } from './ping.js';
 import { writeReport } from './report.js';
 import { startHttpApp } from './http-app-child.js';
@@ -61,10 +61,7 @@ async function sliced<K extends string, L>(
   try {
     for (const kind of kinds) await slice(kind, opened.get(kind)!); // warm-up, not counted
     for (let r = 0; r < SLICES; r++) {
-      for (let i = 0; i < kinds.length; i++) {
-        const kind = kinds[(i + r) % kinds.length]!;
-        slices.get(kind)!.push(await slice(kind, opened.get(kind)!));
-      }
+      for (const kind of rotated(kinds, r)) slices.get(kind)!.push(await slice(kind, opened.get(kind)!));
     }
   } finally {
     for (const l of opened.values()) await close(l);
@@ -83,12 +80,20 @@ async function sliced<K extends string, L>(
   return out;
 }
 
+/** `kinds` in round `r`'s order: rotated by `r`, so that none is always first. */
+const rotated = <K>(kinds: K[], r: number): K[] => kinds.map((_, i) => kinds[(i + r) % kinds.length]!);
+
+/** The run whose `by` is the median, with `runs` = every run's `by`, in the order they ran. */
+function medianRun<T extends Row>(runs: T[], by: (run: T) => number): T & { runs: number[] } {
+  const sorted = [...runs].sort((a, b) => by(a) - by(b));
+  return { ...sorted[Math.floor(sorted.length / 2)]!, runs: runs.map(by) };
+}
+
 /** Runs `fn` REPEATS times and keeps the run whose `by` is the median. */
 async function repeated<T extends Row>(fn: () => Promise<T>, by: keyof T): Promise<T & { runs: number[] }> {
   const runs: T[] = [];
   for (let i = 0; i < REPEATS; i++) runs.push(await fn());
-  const sorted = [...runs].sort((a, b) => Number(a[by]) - Number(b[by]));
-  return { ...sorted[Math.floor(sorted.length / 2)]!, runs: runs.map((r) => Number(r[by])) };
+  return medianRun(runs, (run) => Number(run[by]));
 }
 
 /**
@@ -103,17 +108,11 @@ async function rounds<K extends string>(kinds: K[], run: (kind: K) => Promise<Ro
   const by = (row: Row) => Number(row.handoffP50Ms ?? row.p50Ms);
   const runs = new Map<K, Row[]>(kinds.map((k) => [k, []]));
   for (let r = 0; r < REPEATS; r++) {
-    for (let i = 0; i < kinds.length; i++) {
-      const kind = kinds[(i + r) % kinds.length]!;
-      runs.get(kind)!.push(await run(kind));
-    }
+    for (const kind of rotated(kinds, r)) runs.get(kind)!.push(await run(kind));
     log('round', r + 1, 'of', REPEATS, Object.fromEntries([...runs].map(([k, list]) => [k, by(list.at(-1)!)])));
   }
   const out = {} as Record<K, Row & { runs: number[] }>;
-  for (const [kind, list] of runs) {
-    const sorted = [...list].sort((a, b) => by(a) - by(b));
-    out[kind] = { ...sorted[Math.floor(sorted.length / 2)]!, runs: list.map(by) };
-  }
+  for (const [kind, list] of runs) out[kind] = medianRun(list, by);
   return out;
 }
 
@@ -130,18 +129,8 @@ async function pingRoundTrip(url: string, count = 2_000): Promise<Row> {
 // 1. One client, sequential acquire + release on fresh keys (one slice: 1 worker x 500 pairs), and
 // 2. 64 concurrent workers on distinct keys (64 workers x 40 pairs): `workers` loops of `pairsEach` pairs.
 async function pairs(locker: Locker, workers: number, pairsEach: number): Promise<Slice> {
-  const latencies: number[] = [];
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: workers }, async () => {
-      for (let i = 0; i < pairsEach; i++) {
-        const t = performance.now();
-        await (await locker.acquire(freshKey()))();
-        latencies.push(performance.now() - t);
-      }
-    }),
-  );
-  return { rate: ((workers * pairsEach) / (performance.now() - started)) * 1000, latencies };
+  const { latencies, elapsedMs } = await timedLoops(workers, pairsEach, async () => (await locker.acquire(freshKey()))());
+  return { rate: ((workers * pairsEach) / elapsedMs) * 1000, latencies };
 }
 
 // 3. 8 contenders on one key, in 1 process x 8 or 2 processes x 4.

@@ -1,3 +1,5 @@
+import { performance } from 'node:perf_hooks';
+
 /** Percentile (0..100) of an unsorted sample, by nearest rank. */
 export function percentile(values: readonly number[], p: number): number {
   if (values.length === 0) return NaN;
@@ -16,3 +18,23 @@ export function jain(counts: readonly number[]): number {
 }
 
 export const round = (value: number, digits = 2) => Number(value.toFixed(digits));
+
+/**
+ * `loops` loops at once, each running `op` `count` times one after another. Resolves to each
+ * operation's latency in ms and how long the whole took: the timing of scenarios 1 and 2 (acquire +
+ * release pairs) and of PING round trips.
+ */
+export async function timedLoops(loops: number, count: number, op: () => Promise<unknown>): Promise<{ latencies: number[]; elapsedMs: number }> {
+  const latencies: number[] = [];
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: loops }, async () => {
+      for (let i = 0; i < count; i++) {
+        const t = performance.now();
+        await op();
+        latencies.push(performance.now() - t);
+      }
+    }),
+  );
+  return { latencies, elapsedMs: performance.now() - started };
+}
