@@ -48,10 +48,25 @@ const xr = (ratio: number) => `${ratio.toFixed(2)}x`;
  * the two medians (their runs were minutes apart, so pairing them would mean nothing).
  */
 const p50Ratio = (r: Results, a: Row, b: Row) => {
-  const p50 = (row: Row) => n(row.handoffP50Ms ?? row.p50Ms);
   const ratios = r.contendedRounds ? roundRatios(a.runs as number[] | undefined, b.runs as number[] | undefined) : undefined;
-  return ratios ? median(ratios) : p50(a) / p50(b);
+  return ratios ? median(ratios) : p50Of(a) / p50Of(b);
 };
+/** A scenario-3 row's p50: a handoff's, or a PING reading's. */
+const p50Of = (row: Row) => n(row.handoffP50Ms ?? row.p50Ms);
+/**
+ * What scenario 3's handoffs in `topology` are checked against, the rows present in this run: the raw
+ * limit's handoff, PING with one caller (taken in the rounds, or in runs before them once in
+ * scenario 1) and PING at the same concurrency. `name` for the explanation, `target` for the
+ * targets table.
+ */
+function yardsticks(r: Results, topology: string, rows: Record<string, Row>): { name: string; target: string; row: Row }[] {
+  const all = [
+    { name: "the raw limit's handoff", target: "the raw limit's release-to-acquire handoff", row: rows.raw },
+    { name: 'PING with one caller', target: 'PING round trip, one caller', row: r.contendedPingOneCaller?.[topology] ?? r.sequential?.ping },
+    { name: 'PING at the same concurrency', target: 'PING round trip at the same concurrency', row: r.contendedPing?.[topology] },
+  ];
+  return all.filter((y): y is { name: string; target: string; row: Row } => y.row !== undefined);
+}
 const ANCHORS = ['redlock', 'sesame-redlock', 'redis-semaphore'];
 const HTTP_LABELS: Record<string, string> = {
   none: 'no lock',
@@ -135,30 +150,22 @@ export function writeReport(r: Results, file: string): void {
       }
       out.push('');
       const ping = r.contendedPing?.[topology];
-      // One caller: taken in this topology's rounds, or (runs before them) once in scenario 1.
-      const one = r.contendedPingOneCaller?.[topology] ?? r.sequential?.ping;
+      const one = r.contendedPingOneCaller?.[topology];
       if (ping) {
         out.push(
           `PING round trips in the same ${r.contendedRounds ? 'rounds' : 'run'}: at the same concurrency (${topology === '1x8' ? '8 callers on one client' : '2 processes x 4 callers, one client each'}, all at once) p50 ${ping.p50Ms} ms, p99 ${ping.p99Ms} ms, ${fmt(ping.pingsPerSec)}/s` +
-            (r.contendedPingOneCaller?.[topology] ? `; one caller p50 ${one!.p50Ms} ms, p99 ${one!.p99Ms} ms, ${fmt(one!.pingsPerSec)}/s` : '') +
+            (one ? `; one caller p50 ${one.p50Ms} ms, p99 ${one.p99Ms} ms, ${fmt(one.pingsPerSec)}/s` : '') +
             '.',
           '',
         );
       }
       const fair = rows['nestjs-locked-fair']!;
       const semaphore = rows['redis-semaphore']!;
-      const yardsticks: [string, Row | undefined][] = [
-        ["the raw limit's release-to-acquire handoff", rows.raw],
-        ['PING round trip, one caller', one],
-        ['PING round trip at the same concurrency', ping],
-      ];
       for (const [mode, row] of [['fair mode', fair], ['default mode', rows['nestjs-locked']!]] as const) {
-        for (const [name, base] of yardsticks) {
-          if (!base) continue;
+        for (const { target, row: base } of yardsticks(r, topology, rows)) {
           const ratio = p50Ratio(r, row, base);
-          const baseP50 = n(base.handoffP50Ms ?? base.p50Ms);
           const rawNote = base === rows.raw ? '' : `; the raw limit: ${p50Ratio(r, rows.raw!, base).toFixed(1)} x`;
-          targets.push(`| 3 (${topology}) | ${mode}: handoff p50 <= 2 x ${name} (p50 ${baseP50} ms${rawNote}) | ${row.handoffP50Ms} ms${r.contendedRounds ? ', median round' : ' ='} ${ratio.toFixed(2)} x | ${check(ratio <= 2)} |`);
+          targets.push(`| 3 (${topology}) | ${mode}: handoff p50 <= 2 x ${target} (p50 ${p50Of(base)} ms${rawNote}) | ${row.handoffP50Ms} ms${r.contendedRounds ? ', median round' : ' ='} ${ratio.toFixed(2)} x | ${check(ratio <= 2)} |`);
         }
         const faster = p50Ratio(r, semaphore, row);
         targets.push(`| 3 (${topology}) | ${mode}: handoff p50 >= 10 x faster than redis-semaphore | ${faster.toFixed(1)} x | ${check(faster >= 10)} |`);
@@ -317,30 +324,25 @@ function explainMisses(r: Results, e: Extras): string[] {
   }
   if (r.contended) {
     const readings = Object.entries(r.contended).map(([topology, rows]) => {
-      const yardsticks: [string, Row | undefined][] = [
-        ["the raw limit's handoff", rows.raw],
-        ['PING with one caller', r.contendedPingOneCaller?.[topology] ?? r.sequential?.ping],
-        ['PING at the same concurrency', r.contendedPing?.[topology]],
-      ];
-      const present = yardsticks.filter((y): y is [string, Row] => y[1] !== undefined);
+      const [, ...pings] = yardsticks(r, topology, rows);
       const of = (kind: string) =>
-        present
-          .map(([name, base]) => {
+        yardsticks(r, topology, rows)
+          .map(({ name, row: base }) => {
             const ratio = p50Ratio(r, rows[kind]!, base);
             // In rounds, how far one round's ratio moved: the spread the median hides.
-            const spread = r.contendedRounds ? spreadOf(rows[kind]!.runs as number[] | undefined, base.runs as number[] | undefined) : undefined;
-            return `${ratio.toFixed(2)} x ${name} (${check(ratio <= 2)}${spread ? `; rounds ${spread.replace(/, median.*$/, '')}` : ''})`;
+            const range = r.contendedRounds ? rangeOf(rows[kind]!.runs as number[] | undefined, base.runs as number[] | undefined) : undefined;
+            return `${ratio.toFixed(2)} x ${name} (${check(ratio <= 2)}${range ? `; rounds ${range}` : ''})`;
           })
           .join(', ');
-      const missed = ['nestjs-locked-fair', 'nestjs-locked'].some((kind) => present.some(([, base]) => p50Ratio(r, rows[kind]!, base) > 2));
-      // Which PING readings the raw limit's own handoff stays within 2 x of, in this topology.
-      const rawWithin = present.slice(1).map(([name, base]) => [name, p50Ratio(r, rows.raw!, base) <= 2] as const);
-      const pings = present.slice(1).map(([name, base]) => `${p50Ratio(r, rows.raw!, base).toFixed(1)} x ${name}`).join(' and ');
-      return { topology, missed, rawWithin, text: `${topology}: fair mode ${of('nestjs-locked-fair')}; default mode ${of('nestjs-locked')}; the raw limit itself ${pings}` };
+      const missed = ['nestjs-locked-fair', 'nestjs-locked'].some((kind) => yardsticks(r, topology, rows).some(({ row: base }) => p50Ratio(r, rows[kind]!, base) > 2));
+      // The raw limit's own handoff against each PING reading of this topology.
+      const rawVsPing = pings.map(({ name, row: base }) => ({ name, ratio: p50Ratio(r, rows.raw!, base) }));
+      const rawText = rawVsPing.map(({ name, ratio }) => `${ratio.toFixed(1)} x ${name}`).join(' and ');
+      return { topology, missed, rawVsPing, text: `${topology}: fair mode ${of('nestjs-locked-fair')}; default mode ${of('nestjs-locked')}; the raw limit itself ${rawText}` };
     });
     // The PING readings the raw limit stays within 2 x of in every topology, and those it misses in some.
-    const pingNames = [...new Set(readings.flatMap((reading) => reading.rawWithin.map(([name]) => name)))];
-    const within = pingNames.filter((name) => readings.every((reading) => reading.rawWithin.some(([n2, ok]) => n2 === name && ok)));
+    const pingNames = [...new Set(readings.flatMap((reading) => reading.rawVsPing.map(({ name }) => name)))];
+    const within = pingNames.filter((name) => readings.every((reading) => reading.rawVsPing.some((p) => p.name === name && p.ratio <= 2)));
     const beyond = pingNames.filter((name) => !within.includes(name));
     const rawAgainstPing =
       beyond.length === 0
@@ -388,11 +390,16 @@ function roundRatios(ours: number[] | undefined, base: number[] | undefined): nu
   return ours.map((v, i) => v / base[i]!);
 }
 
-/** The lowest and highest round-by-round ratio of `ours` to `base`, and their median ("0.71 to 1.16, median 0.93"); undefined when the rounds do not pair up. */
-function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
+/** The lowest and highest round-by-round ratio of `ours` to `base` ("0.71 to 1.16"); undefined when the rounds do not pair up. */
+function rangeOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
   const ratios = roundRatios(ours, base);
-  if (!ratios) return undefined;
-  return `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}, median ${median(ratios).toFixed(2)}`;
+  return ratios && `${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)}`;
+}
+
+/** `rangeOf` and the median ("0.71 to 1.16, median 0.93"); undefined when the rounds do not pair up. */
+function spreadOf(ours: number[] | undefined, base: number[] | undefined): string | undefined {
+  const range = rangeOf(ours, base);
+  return range && `${range}, median ${median(roundRatios(ours, base)!).toFixed(2)}`;
 }
 
 function profileSection(e: Extras): string[] {
