@@ -32,6 +32,8 @@ export class HeldLock {
     readonly mode: LockMode = 'exclusive',
     /** Clock drift allowance to take off a lease's local deadline (Redlock). */
     private readonly drift: (leaseMs: number) => number = () => 0,
+    /** Taken in fair mode. */
+    readonly fair = false,
   ) {
     this.setLease(leaseStart, leaseMs);
   }

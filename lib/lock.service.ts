@@ -722,7 +722,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       if (lock) void this.markLost(lock, 'taken');
       // fencingTokens: false: no grant carries a token, whatever the store returned (a fair handover's, the memory store's).
       const fencingToken = this.options.fencingTokens ? result.fencingToken : Number.NaN;
-      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift);
+      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift, o.fair);
       if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);
@@ -756,7 +756,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
         left = kept ? 0 : -1;
       } else {
-        left = await this.store.release(lock.key, lock.owner, lock.mode);
+        left = await this.store.release(lock.key, lock.owner, lock.mode, lock.holds === 0 && !lock.fair);
       }
     } catch (error) {
       const failure = new LockBackendError('release', lock.key, error);

@@ -23,8 +23,12 @@ export interface LockStore {
   /** Whether `acquireMany` can take these keys (default: yes); a Cluster store only when they share a slot. */
   groupsAtomically?(keys: readonly string[]): boolean;
 
-  /** Drops one hold of `owner` in `mode`. Returns the holds left (0: dropped), or -1 when `owner` held nothing. */
-  release(key: string, owner: string, mode?: LockMode): Promise<number>;
+  /**
+   * Drops one hold of `owner` in `mode`. Returns the holds left (0: dropped), or -1 when `owner` held nothing.
+   * `lastHold`: the caller gives back its last hold of an exclusive lock taken in default mode (not
+   * fair); a store may then let a waiter of this process try right behind the release.
+   */
+  release(key: string, owner: string, mode?: LockMode, lastHold?: boolean): Promise<number>;
 
   /** Drops every hold of `owner` in `mode` on `key` at once (after a loss, at shutdown). True when something was dropped. */
   releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean>;

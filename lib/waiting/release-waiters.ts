@@ -1,6 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import type { ReleaseWatch } from '../store/lock-store.js';
 
+/** How many releases of one key in a row may take a waiter of the releasing process along (see `wakeBehindRelease`). */
+export const MAX_HANDOFFS_IN_A_ROW = 4;
+
 /**
  * The waiters of one process, queued per key in arrival order. One release notice wakes one waiter
  * (the longest-waiting one that is asleep), never all of them: the others would only race for the
@@ -9,6 +12,13 @@ import type { ReleaseWatch } from '../store/lock-store.js';
  * missing the release.
  *
  * Stores feed it: the Redis store from its release channel, the memory store directly.
+ *
+ * Taking a waiter along (default mode, see `wakeBehindRelease`): when this process releases the
+ * last hold of a lock one of its own waiters sleeps on, the store wakes that waiter as it sends the
+ * release, so the waiter's attempt leaves in the same write and Redis runs it right behind the
+ * release: one round trip from release to next holder, where a waiter woken by the release message
+ * needs two. At most MAX_HANDOFFS_IN_A_ROW releases of a key in a row do this; the next one wakes
+ * nobody early, so waiters of other processes, woken by its message, get their chance.
  */
 export class ReleaseWaiters {
   private readonly queues = new Map<string, KeyQueue>();
@@ -20,7 +30,7 @@ export class ReleaseWaiters {
   join(key: string, owner: string, listening: Promise<boolean>, onLeave?: () => void): ReleaseWatch {
     let queue = this.queues.get(key);
     if (!queue) {
-      queue = { members: [], pendingWakes: 0 };
+      queue = { members: [], pendingWakes: 0, handoffsInARow: 0 };
       this.queues.set(key, queue);
     }
     const waiter = new Waiter(owner, `${this.idPrefix}.${++this.waitCount}`, queue, listening, () => {
@@ -35,10 +45,43 @@ export class ReleaseWaiters {
     return waiter;
   }
 
+  /**
+   * This process is about to release the last hold it has on `key` (an exclusive lock, not fair).
+   * Returns a function that wakes the longest-sleeping waiter of `key`, to be called right after the
+   * release is sent: the waiter's attempt then follows the release on the same connection. Returns
+   * undefined when no waiter of `key` sleeps here, or when the last MAX_HANDOFFS_IN_A_ROW releases
+   * of `key` all took one along: this release then wakes nobody early (its message wakes waiters
+   * here and in other processes alike), and the count starts again.
+   *
+   * The release message that follows is for the woken waiter: while its attempt is in flight the
+   * message is kept for it (it retries at once if that attempt was refused) instead of waking a
+   * second waiter for the same release.
+   */
+  wakeBehindRelease(key: string): (() => void) | undefined {
+    const queue = this.queues.get(key);
+    if (!queue) return undefined;
+    const sleeper = queue.members.find((w) => w.asleep);
+    if (!sleeper || queue.handoffsInARow >= MAX_HANDOFFS_IN_A_ROW) {
+      queue.handoffsInARow = 0;
+      return undefined;
+    }
+    queue.handoffsInARow++;
+    return () => {
+      if (!sleeper.asleep) return;
+      sleeper.wokenBehindRelease = true;
+      sleeper.wake();
+    };
+  }
+
   /** A release of `key` happened: wake one waiter. */
   notify(key: string): void {
     const queue = this.queues.get(key);
     if (!queue) return;
+    const behind = queue.members.find((w) => w.wokenBehindRelease);
+    if (behind) {
+      behind.pendingWake = true;
+      return;
+    }
     const sleeper = queue.members.find((w) => w.asleep);
     if (sleeper) sleeper.wake();
     else queue.pendingWakes = Math.min(queue.pendingWakes + 1, queue.members.length);
@@ -90,6 +133,11 @@ export class ReleaseWaiters {
     return n;
   }
 
+  /** How many waiters of `key` sleep (tests wait for it before a release). */
+  asleep(key: string): number {
+    return this.queues.get(key)?.members.filter((w) => w.asleep).length ?? 0;
+  }
+
   /** Keys with at least one waiter. */
   keys(): string[] {
     return [...this.queues.keys()];
@@ -99,6 +147,8 @@ export class ReleaseWaiters {
 interface KeyQueue {
   members: Waiter[];
   pendingWakes: number;
+  /** Releases of this key in a row that took a waiter along (see `wakeBehindRelease`). */
+  handoffsInARow: number;
 }
 
 type Wake = 'released' | 'timeout' | 'aborted' | 'granted';
@@ -108,6 +158,8 @@ class Waiter implements ReleaseWatch {
   private closed = false;
   /** A wake addressed to this waiter arrived while it was not asleep. */
   pendingWake = false;
+  /** Woken as this process released the lock; its attempt since then is in flight (cleared at its next sleep). */
+  wokenBehindRelease = false;
   /** A grant to this waiter's owner arrived while it was not asleep. */
   pendingGrant = false;
   grantedToken: number | undefined;
@@ -141,6 +193,7 @@ class Waiter implements ReleaseWatch {
   }
 
   sleep(timeoutMs: number, signal?: AbortSignal): Promise<Wake> {
+    this.wokenBehindRelease = false;
     if (signal?.aborted) return Promise.resolve('aborted');
     if (this.pendingGrant) {
       this.pendingGrant = false;

@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { scriptCalls, type RedisServer } from '../support/redis-server.js';
+import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
 import { nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('waiting for a held lock', () => {
@@ -13,6 +13,7 @@ describe('waiting for a held lock', () => {
   let raw: Redis;
   usePrivateLockApp({}, (started) => ({ redis, raw, app, other } = started), {});
 
+  const asleep = (a: LockApp, key: string) => (a.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
   const waitState = (a: LockApp) => (a.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store.waitState;
 
   it('sleeps until the release instead of polling, and wakes on it', async () => {
@@ -109,5 +110,59 @@ describe('waiting for a held lock', () => {
     await holder.release();
     await Promise.all(waiters);
     expect(order.sort()).toEqual([0, 1, 2]);
+  });
+
+  it('gives the lock first to a waiter of the releasing process: its attempt goes right behind the release', async () => {
+    const first: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const key = `behind:${i}`;
+      const holder = await app.locks.acquire(key);
+      const mine = app.locks.acquire(key, { waitMs: 30_000 });
+      const theirs = other.locks.acquire(key, { waitMs: 30_000 });
+      await until(async () => asleep(app, key) === 1 && asleep(other, key) === 1, 10_000, 'both waiters asleep');
+      await holder.release();
+      // Whoever is granted first holds the lock until released below, so the other one waits.
+      const winner = await Promise.race([mine.then(() => 'mine'), theirs.then(() => 'theirs')]);
+      first.push(winner);
+      const [a, b] = winner === 'mine' ? [mine, theirs] : [theirs, mine];
+      await (await a).release();
+      await (await b).release();
+    }
+    // Woken by the release message instead, either waiter could win.
+    expect(first).toEqual(Array(20).fill('mine'));
+  });
+
+  it('does not keep the lock in one process while a waiter of another process waits', async () => {
+    const key = 'behind:streak';
+    const holder = await app.locks.acquire(key);
+    const order: string[] = [];
+    const mine = Array.from({ length: 40 }, (_, i) => app.locks.run(key, () => void order.push(`mine ${i}`), { waitMs: 30_000 }));
+    await until(async () => asleep(app, key) === 40, 10_000, 'local waiters asleep');
+    const theirs = other.locks.run(key, () => void order.push('theirs'), { waitMs: 30_000 });
+    await until(async () => asleep(other, key) === 1, 10_000, 'the other waiter asleep');
+    await holder.release();
+    await Promise.all([...mine, theirs]);
+    // Every release taking a local waiter along would serve all 40 first. After MAX_HANDOFFS_IN_A_ROW
+    // (4) such releases, one wakes waiters by its message only, in this process and the other alike.
+    expect(order).toHaveLength(41);
+    expect(order.indexOf('theirs')).toBeLessThan(40);
+  });
+
+  it('wakes a waiter whose attempt behind a release was refused at the next release', async () => {
+    const key = 'behind:refused';
+    const stale = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    // The lock is taken from under the holder, which does not know it yet.
+    await raw.del(`lock:{${key}}`);
+    const thief = await other.locks.acquire(key, { waitMs: 0 });
+    await stale.release();
+    // The release found nothing of its own and announced nothing; the attempt right behind it was refused.
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep again');
+    await thief.release();
+    // The thief's lease is 30 s: only its release message wakes the waiter this early.
+    const started = performance.now();
+    await (await waiting).release();
+    expect(performance.now() - started).toBeLessThan(5_000);
   });
 });

@@ -255,11 +255,15 @@ export class RedisLockStore implements LockStore {
     return { granted: true, grants };
   }
 
-  async release(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<number> {
+  async release(key: string, owner: string, mode: LockMode = 'exclusive', lastHold = false): Promise<number> {
     const name = this.lockName(key);
     let left: number;
     if (mode === 'exclusive') {
-      const reply = await scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs]);
+      // A waiter of this process sent along: its attempt leaves in the same write, right behind.
+      const wake = lastHold ? this.waiters.wakeBehindRelease(key) : undefined;
+      const sent = scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs], wake !== undefined);
+      wake?.();
+      const reply = await sent;
       if (Array.isArray(reply)) {
         // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
         this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));

@@ -17,8 +17,9 @@ export class RedisScript {
     this.sha = createHash('sha1').update(lua).digest('hex');
   }
 
-  run(client: Redis | Cluster, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
-    batchWrites(client);
+  /** `withNext`: more commands follow in this pass; see `batchWrites`. */
+  run(client: Redis | Cluster, keys: readonly string[], args: readonly (string | number)[], withNext = false): Promise<unknown> {
+    batchWrites(client, withNext);
     return client.evalsha(this.sha, keys.length, ...keys, ...args).catch((error: unknown) => {
       if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
       return client.eval(this.lua, keys.length, ...keys, ...args);

@@ -40,15 +40,19 @@ function uncorkAfterPoll(stream: Corkable): void {
  * client included, and a command is written at once only when nothing is corked) and nothing
  * changes what Redis runs.
  *
+ * `withNext`: the caller is about to send more commands in this pass (a release with the attempt of
+ * the waiter it takes along), so the command is corked even when nothing is in flight: they leave
+ * in one write, and Redis runs them one after the other.
+ *
  * A Cluster client (no single socket) and a client without a connection yet are left alone.
  */
-export function batchWrites(client: Redis | Cluster): void {
+export function batchWrites(client: Redis | Cluster, withNext = false): void {
   const stream = (client as Partial<Redis>).stream as Corkable | undefined;
   if (!stream || typeof stream.cork !== 'function') return;
   const waiting = corked.get(stream);
   if (waiting === undefined) {
     // Nothing in flight and nothing corked: written at once (see above).
-    if ((client as Partial<Redis>).commandQueue?.length === 0) return;
+    if (!withNext && (client as Partial<Redis>).commandQueue?.length === 0) return;
     stream.cork();
     corked.set(stream, 1);
     setImmediate(uncorkAfterPoll, stream);

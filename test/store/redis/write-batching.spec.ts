@@ -51,24 +51,37 @@ describe('write batching on the lock connection', () => {
     expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
   });
 
-  it('writes a command at once when its connection has nothing in flight, and corks the ones sent after it', async () => {
+  /**
+   * Two commands sent in one pass on an idle connection, the first with batchWrites(client,
+   * `withNext`): whether the socket was corked after each, and that both were answered and uncorked.
+   */
+  async function corkedAfterEach(withNext: boolean): Promise<[number, number]> {
     const client = redis.client();
     try {
       await client.ping();
       const stream = client.stream as unknown as { writableCorked: number };
-      // One caller on its own: nothing to batch with, so it does not wait for the immediate.
+      batchWrites(client, withNext);
+      const first = client.get('first');
+      const afterFirst = stream.writableCorked;
       batchWrites(client);
-      const alone = client.get('alone');
+      const second = client.get('second');
+      const afterSecond = stream.writableCorked;
+      expect(await Promise.all([first, second])).toEqual([null, null]);
       expect(stream.writableCorked).toBe(0);
-      // The next command of the same pass finds the first in flight: it waits for the batch.
-      batchWrites(client);
-      const next = client.get('next');
-      expect(stream.writableCorked).toBe(1);
-      expect(await Promise.all([alone, next])).toEqual([null, null]);
-      expect(stream.writableCorked).toBe(0);
+      return [afterFirst, afterSecond];
     } finally {
       client.disconnect();
     }
+  }
+
+  it('writes a command at once when its connection has nothing in flight, and corks the ones sent after it', async () => {
+    // One caller on its own: nothing to batch with, so it does not wait for the immediate. The next
+    // command of the same pass finds the first in flight: it waits for the batch.
+    expect(await corkedAfterEach(false)).toEqual([0, 1]);
+  });
+
+  it('corks a command on an idle connection when more are to follow in the same write (a release and the waiter it takes along)', async () => {
+    expect(await corkedAfterEach(true)).toEqual([1, 1]);
   });
 
   it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
