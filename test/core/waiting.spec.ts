@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
-import { nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, firstAfterRelease, nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('waiting for a held lock', () => {
   let redis: RedisServer;
@@ -13,7 +13,6 @@ describe('waiting for a held lock', () => {
   let raw: Redis;
   usePrivateLockApp({}, (started) => ({ redis, raw, app, other } = started), {});
 
-  const asleep = (a: LockApp, key: string) => (a.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
   const waitState = (a: LockApp) => (a.locks as unknown as { store: { waitState: { channels: number; waiters: number } } }).store.waitState;
 
   it('sleeps until the release instead of polling, and wakes on it', async () => {
@@ -113,23 +112,8 @@ describe('waiting for a held lock', () => {
   });
 
   it('gives the lock first to a waiter of the releasing process: its attempt goes right behind the release', async () => {
-    const first: string[] = [];
-    for (let i = 0; i < 20; i++) {
-      const key = `behind:${i}`;
-      const holder = await app.locks.acquire(key);
-      const mine = app.locks.acquire(key, { waitMs: 30_000 });
-      const theirs = other.locks.acquire(key, { waitMs: 30_000 });
-      await until(async () => asleep(app, key) === 1 && asleep(other, key) === 1, 10_000, 'both waiters asleep');
-      await holder.release();
-      // Whoever is granted first holds the lock until released below, so the other one waits.
-      const winner = await Promise.race([mine.then(() => 'mine'), theirs.then(() => 'theirs')]);
-      first.push(winner);
-      const [a, b] = winner === 'mine' ? [mine, theirs] : [theirs, mine];
-      await (await a).release();
-      await (await b).release();
-    }
     // Woken by the release message instead, either waiter could win.
-    expect(first).toEqual(Array(20).fill('mine'));
+    expect(await firstAfterRelease(app, other, 'behind', 20)).toEqual(Array(20).fill('mine'));
   });
 
   it('does not keep the lock in one process while a waiter of another process waits', async () => {

@@ -5,7 +5,7 @@ import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { scriptCalls, until } from '../support/redis-server.js';
-import { aborted, elsewhere, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, firstAfterRelease, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -94,6 +94,16 @@ describe('Redis Cluster', () => {
       expect(lock.fencingToken).toBeGreaterThan(holder.fencingToken);
       await lock.release();
       expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await other.close();
+    }
+  });
+
+  it('lets a release take a waiter of its process along: its attempt follows on the same node, ahead of another service', async () => {
+    const other = await startLockApp({ redis: { cluster: cluster.nodes }, leaseMs: 600 });
+    try {
+      // Keys over several slots, so over every master; woken by the release message instead, either waiter could win.
+      expect(await firstAfterRelease(app, other, 'along', 20)).toEqual(Array(20).fill('mine'));
     } finally {
       await other.close();
     }

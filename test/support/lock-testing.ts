@@ -163,3 +163,32 @@ export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => voi
 export async function waitRegistered(redis: { hget(key: string, field: string): Promise<string | null> }, key: string, owner: string): Promise<void> {
   await until(async () => /^\d+ \S+$/.test((await redis.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, `the fair waiter ${owner} of "${key}" never registered its wait id`);
 }
+
+/** How many waiters of `key` sleep in `app`'s store (waiting for a release). */
+export function asleep(app: LockApp, key: string): number {
+  return (app.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
+}
+
+/**
+ * `times` times, on a fresh key each time (`<prefix>:<i>`): `app` holds the lock while one waiter of
+ * `app` and one of `other` sleep on it, then releases it. Resolves to which waiter got the lock
+ * first each time ('mine' for `app`'s, 'theirs' for `other`'s); every lock is released at the end.
+ */
+export async function firstAfterRelease(app: LockApp, other: LockApp, prefix: string, times: number): Promise<('mine' | 'theirs')[]> {
+  const first: ('mine' | 'theirs')[] = [];
+  for (let i = 0; i < times; i++) {
+    const key = `${prefix}:${i}`;
+    const holder = await app.locks.acquire(key);
+    const mine = app.locks.acquire(key, { waitMs: 30_000 });
+    const theirs = other.locks.acquire(key, { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1 && asleep(other, key) === 1, 10_000, 'both waiters asleep');
+    await holder.release();
+    // Whoever is granted first holds the lock until released below, so the other one waits.
+    const winner = await Promise.race([mine.then(() => 'mine' as const), theirs.then(() => 'theirs' as const)]);
+    first.push(winner);
+    const [a, b] = winner === 'mine' ? [mine, theirs] : [theirs, mine];
+    await (await a).release();
+    await (await b).release();
+  }
+  return first;
+}
