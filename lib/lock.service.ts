@@ -33,7 +33,7 @@ import {
 import { Watchdog } from './renewal/watchdog.js';
 import type { LockedSpec } from './decorators/lock-pipeline.js';
 import type { ContentionPolicy, RedisClusterConnection, RedisConnection } from './lock-options.js';
-import type { AcquireResult, LockMode, LockStore, ReleaseWatch } from './store/lock-store.js';
+import type { AcquireResult, Handover, LockMode, LockStore, ReleaseWatch, TakeAlong } from './store/lock-store.js';
 import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
@@ -528,7 +528,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'contended');
       }
       this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
-      const watch = this.store.watch(key, context.owner);
+      // An exclusive default-mode wait may be handed the lock by a release of this process (see takeHandover).
+      const watch = this.store.watch(key, context.owner, o.mode === 'exclusive' && !o.fair ? o.leaseMs : undefined);
       const signal = this.sleepSignal(o);
       let woken = false;
       let granted = false;
@@ -570,6 +571,17 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           }
           if (how === 'aborted') o.signal?.throwIfAborted();
           woken = how === 'released';
+          const handover = woken ? watch.takeHandover?.() : undefined;
+          if (handover) {
+            // Bounded as an attempt is: a grant that comes after the wait ended is given back.
+            const handed = await this.bounded(handover, now(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
+            const handle = await this.takenOver(key, context, o, handed, started);
+            if (handle) {
+              woken = false;
+              granted = true;
+              return handle;
+            }
+          }
         }
       } finally {
         watch.close(woken);
@@ -615,6 +627,23 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const [kept] = await this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }]).catch(() => [false]);
     // Not kept: the handover was lost meanwhile; the next attempt says where things stand.
     return kept ? this.granted(key, context, o, result, start, started) : undefined;
+  }
+
+  /**
+   * A release of this process handed the lock to this waiter (`handover`, see
+   * ReleaseWatch.takeHandover): the handle, or undefined when it did not (the caller tries again at
+   * once). A grant whose lease ran out before its reply was read (this process was paused) is given
+   * back; after a failed release, whatever it may have granted this owner is given back (unless a
+   * task of the same owner holds the lock here), and the caller's next attempt says where things stand.
+   */
+  private async takenOver(key: string, context: LockContext, o: ResolvedLockOptions, handover: Handover | undefined, started: number): Promise<LockHandle | undefined> {
+    if (handover === undefined) return undefined;
+    if (handover === 'unknown') {
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      return undefined;
+    }
+    if (this.leaseRanOut(handover.leaseStart, o) && (await this.givenBack(o, context.owner, [{ key, holdCount: 1 }]))) return undefined;
+    return this.granted(key, context, o, { granted: true, holdCount: 1, fencingToken: handover.fencingToken }, handover.leaseStart, started);
   }
 
   /** One acquisition attempt of one key (see `bounded`). */
@@ -749,26 +778,33 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     lock.holds--;
     // Stop renewing before the release is sent: no renewal can follow it.
     if (lock.holds === 0) this.forget(lock);
+    // A waiter of this process the release takes along acquires only once this release is recorded.
+    let noticed: (() => void) | undefined;
+    const takeAlong = lock.holds === 0 && !lock.fair && keepMs <= 0 ? { noticed: new Promise<void>((resolve) => (noticed = resolve)) } : undefined;
     let left: number;
     try {
-      if (lock.holds === 0 && keepMs > 0) {
-        // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
-        const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
-        left = kept ? 0 : -1;
-      } else {
-        left = await this.store.release(lock.key, lock.owner, lock.mode, lock.holds === 0 && !lock.fair);
+      try {
+        if (lock.holds === 0 && keepMs > 0) {
+          // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
+          const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
+          left = kept ? 0 : -1;
+        } else {
+          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong);
+        }
+      } catch (error) {
+        const failure = new LockBackendError('release', lock.key, error);
+        this.emit({ type: 'release-failed', key: lock.key, owner: lock.owner, error: failure });
+        throw failure;
       }
-    } catch (error) {
-      const failure = new LockBackendError('release', lock.key, error);
-      this.emit({ type: 'release-failed', key: lock.key, owner: lock.owner, error: failure });
-      throw failure;
+      if (left < 0) {
+        // Redis no longer listed us: the lock had been lost before we noticed.
+        void this.markLost(lock, 'taken');
+        return;
+      }
+      if (this.events.observed) this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
+    } finally {
+      noticed?.();
     }
-    if (left < 0) {
-      // Redis no longer listed us: the lock had been lost before we noticed.
-      void this.markLost(lock, 'taken');
-      return;
-    }
-    if (this.events.observed) this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
   }
 
   /** @internal */

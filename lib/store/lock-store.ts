@@ -25,10 +25,13 @@ export interface LockStore {
 
   /**
    * Drops one hold of `owner` in `mode`. Returns the holds left (0: dropped), or -1 when `owner` held nothing.
-   * `lastHold`: the caller gives back its last hold of an exclusive lock taken in default mode (not
-   * fair); a store may then let a waiter of this process try right behind the release.
+   * `takeAlong`: the caller gives back its last hold of an exclusive lock taken in default mode (not
+   * fair); a store may then let a waiter of this process try right behind the release, or hand it
+   * the lock inside the release. Such a waiter takes a lock handed to it only once
+   * `takeAlong.noticed` resolves: the caller resolves it once it has recorded the release (its
+   * `released` event), so the release is always seen before the next holder's acquisition.
    */
-  release(key: string, owner: string, mode?: LockMode, lastHold?: boolean): Promise<number>;
+  release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong): Promise<number>;
 
   /** Drops every hold of `owner` in `mode` on `key` at once (after a loss, at shutdown). True when something was dropped. */
   releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean>;
@@ -61,7 +64,12 @@ export interface LockStore {
    * must be `ready` before the next acquisition attempt, so that no release between that attempt
    * and `sleep()` goes unnoticed.
    */
-  watch(key: string, owner: string): ReleaseWatch;
+  /**
+   * Starts watching `key` for releases, for a wait of `owner`. `handoverLeaseMs`: an exclusive
+   * default-mode wait, which a release of this process may hand the lock to with that lease (see
+   * ReleaseWatch.takeHandover); stores that cannot ignore it.
+   */
+  watch(key: string, owner: string, handoverLeaseMs?: number): ReleaseWatch;
 
   /** False when fair mode cannot be offered (Redlock). Default true. */
   readonly supportsFairMode?: boolean;
@@ -159,4 +167,26 @@ export interface ReleaseWatch {
   forgetGrant(lastToken?: number): void;
   /** Stops watching. `passWake`: this waiter was woken but will not try again, so wake the next one. */
   close(passWake?: boolean): void;
+  /**
+   * After a sleep that ended with `released`: when a release of this process that could hand this
+   * wait the lock woke it, that release's verdict (once its reply is in): the grant, `unknown` when
+   * the release failed (it may or may not have run), or undefined when it did not hand the lock to
+   * this wait. Undefined when no such release woke it: the waiter attempts as usual.
+   */
+  takeHandover?(): Promise<Handover | undefined> | undefined;
 }
+
+/** See LockStore.release. */
+export interface TakeAlong {
+  readonly noticed: Promise<void>;
+}
+
+/** A lock a release handed to a waiter of the same process (see ReleaseWatch.takeHandover). */
+export type Handover =
+  | {
+      /** The grant's fencing token. */
+      fencingToken: number;
+      /** Monotonic time the release was sent at: Redis set the waiter's lease after it. */
+      leaseStart: number;
+    }
+  | 'unknown';

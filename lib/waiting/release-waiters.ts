@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { ReleaseWatch } from '../store/lock-store.js';
+import type { Handover, ReleaseWatch } from '../store/lock-store.js';
 
 /** How many releases of one key in a row may take a waiter of the releasing process along (see `wakeBehindRelease`). */
 export const MAX_HANDOFFS_IN_A_ROW = 4;
@@ -17,8 +17,11 @@ export const MAX_HANDOFFS_IN_A_ROW = 4;
  * last hold of a lock one of its own waiters sleeps on, the store wakes that waiter as it sends the
  * release, so the waiter's attempt leaves in the same write and Redis runs it right behind the
  * release: one round trip from release to next holder, where a waiter woken by the release message
- * needs two. At most MAX_HANDOFFS_IN_A_ROW releases of a key in a row do this; the next one wakes
- * nobody early, so waiters of other processes, woken by its message, get their chance.
+ * needs two. A waiter that may be handed the lock inside the release (an exclusive default-mode
+ * wait, see `handoverLeaseMs`) sends nothing: the store's release script makes it the holder when
+ * it frees the lock, and the waiter learns it from the release's reply. At most
+ * MAX_HANDOFFS_IN_A_ROW releases of a key in a row do this; the next one wakes nobody early, so
+ * waiters of other processes, woken by its message, get their chance.
  */
 export class ReleaseWaiters {
   private readonly queues = new Map<string, KeyQueue>();
@@ -26,8 +29,12 @@ export class ReleaseWaiters {
   private readonly idPrefix = randomBytes(6).toString('base64url');
   private waitCount = 0;
 
-  /** Joins the queue of `key` as `owner`; `listening` as in ReleaseWatch. The caller must `close()` the returned watch. */
-  join(key: string, owner: string, listening: Promise<boolean>, onLeave?: () => void): ReleaseWatch {
+  /**
+   * Joins the queue of `key` as `owner`; `listening` as in ReleaseWatch. The caller must `close()`
+   * the returned watch. `handoverLeaseMs`: this wait may be handed the lock inside a release of this
+   * process, with that lease (see `wakeBehindRelease`).
+   */
+  join(key: string, owner: string, listening: Promise<boolean>, onLeave?: () => void, handoverLeaseMs?: number): ReleaseWatch {
     let queue = this.queues.get(key);
     if (!queue) {
       queue = { members: [], pendingWakes: 0, handoffsInARow: 0 };
@@ -40,24 +47,27 @@ export class ReleaseWaiters {
       if (q.members.length === 0) this.queues.delete(key);
       else q.pendingWakes = Math.min(q.pendingWakes, q.members.length);
       onLeave?.();
-    }, () => this.notify(key));
+    }, () => this.notify(key), handoverLeaseMs);
     queue.members.push(waiter);
     return waiter;
   }
 
   /**
    * This process is about to release the last hold it has on `key` (an exclusive lock, not fair).
-   * Returns a function that wakes the longest-sleeping waiter of `key`, to be called right after the
-   * release is sent: the waiter's attempt then follows the release on the same connection. Returns
-   * undefined when no waiter of `key` sleeps here, or when the last MAX_HANDOFFS_IN_A_ROW releases
-   * of `key` all took one along: this release then wakes nobody early (its message wakes waiters
-   * here and in other processes alike), and the count starts again.
+   * Returns the longest-sleeping waiter of `key`: its owner, the lease it may be handed the lock
+   * with (undefined: it sends its own attempt), and `wake`, to be called right after the release is
+   * sent. Given the release's verdict (`handover`: the grant, or undefined when the release did
+   * not hand it the lock), the waiter takes that instead of sending an attempt; without it, its
+   * attempt follows the release on the same connection. Returns undefined when no waiter of `key`
+   * sleeps here, or when the last MAX_HANDOFFS_IN_A_ROW releases of `key` all took one along: this
+   * release then wakes nobody early (its message wakes waiters here and in other processes alike),
+   * and the count starts again.
    *
    * The release message that follows is for the woken waiter: while its attempt is in flight the
    * message is kept for it (it retries at once if that attempt was refused) instead of waking a
    * second waiter for the same release.
    */
-  wakeBehindRelease(key: string): (() => void) | undefined {
+  wakeBehindRelease(key: string): TakenAlong | undefined {
     const queue = this.queues.get(key);
     if (!queue) return undefined;
     const sleeper = queue.members.find((w) => w.asleep);
@@ -66,10 +76,18 @@ export class ReleaseWaiters {
       return undefined;
     }
     queue.handoffsInARow++;
-    return () => {
-      if (!sleeper.asleep) return;
-      sleeper.wokenBehindRelease = true;
-      sleeper.wake();
+    return {
+      owner: sleeper.owner,
+      leaseMs: sleeper.handoverLeaseMs,
+      wake: (handover) => {
+        // Called right after wakeBehindRelease (nothing in between can end the sleep); false: the
+        // waiter is not there to take a grant, which the store then gives back.
+        if (!sleeper.asleep) return false;
+        sleeper.wokenBehindRelease = true;
+        sleeper.handover = handover;
+        sleeper.wake();
+        return true;
+      },
     };
   }
 
@@ -144,6 +162,15 @@ export class ReleaseWaiters {
   }
 }
 
+/** A waiter a release takes along (see `wakeBehindRelease`). */
+export interface TakenAlong {
+  readonly owner: string;
+  /** The lease to hand it the lock with inside the release; undefined: it sends its own attempt. */
+  readonly leaseMs: number | undefined;
+  /** Wakes it; false when it no longer sleeps (it then takes nothing from `handover`). */
+  wake(handover?: Promise<Handover | undefined>): boolean;
+}
+
 interface KeyQueue {
   members: Waiter[];
   pendingWakes: number;
@@ -160,6 +187,8 @@ class Waiter implements ReleaseWatch {
   pendingWake = false;
   /** Woken as this process released the lock; its attempt since then is in flight (cleared at its next sleep). */
   wokenBehindRelease = false;
+  /** The verdict of the release that took this waiter along, when that release could hand it the lock (see `takeHandover`). */
+  handover: Promise<Handover | undefined> | undefined;
   /** A grant to this waiter's owner arrived while it was not asleep. */
   pendingGrant = false;
   grantedToken: number | undefined;
@@ -173,6 +202,8 @@ class Waiter implements ReleaseWatch {
     readonly listening: Promise<boolean>,
     private readonly leave: () => void,
     private readonly wakeNext: () => void,
+    /** The lease a release of this process may hand this wait the lock with; undefined: never handed one. */
+    readonly handoverLeaseMs?: number,
   ) {
     this.ready = listening.then(() => undefined);
   }
@@ -192,8 +223,15 @@ class Waiter implements ReleaseWatch {
     this.settle?.(how);
   }
 
+  takeHandover(): Promise<Handover | undefined> | undefined {
+    const handover = this.handover;
+    this.handover = undefined;
+    return handover;
+  }
+
   sleep(timeoutMs: number, signal?: AbortSignal): Promise<Wake> {
     this.wokenBehindRelease = false;
+    this.handover = undefined;
     if (signal?.aborted) return Promise.resolve('aborted');
     if (this.pendingGrant) {
       this.pendingGrant = false;

@@ -1,7 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { LockNotAcquiredError } from '../../lib/index.js';
+import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
 import { asleep, firstAfterRelease, nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
@@ -114,6 +114,53 @@ describe('waiting for a held lock', () => {
   it('gives the lock first to a waiter of the releasing process: its attempt goes right behind the release', async () => {
     // Woken by the release message instead, either waiter could win.
     expect(await firstAfterRelease(app, other, 'behind', 20)).toEqual(Array(20).fill('mine'));
+  });
+
+  it('hands the lock to a waiter of the releasing process inside the release, with its lease and a fresh token', async () => {
+    const key = 'behind:handed';
+    const holder = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 30_000, leaseMs: 120_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    const before = await scriptCalls(raw);
+    await holder.release();
+    const handed = await waiting;
+    // One script call: the release. A waiter that sent its own attempt would make it two.
+    expect((await scriptCalls(raw)) - before).toBe(1);
+    expect(handed.fencingToken).toBeGreaterThan(holder.fencingToken);
+    expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [handed.owner]: '1' });
+    // The waiter's lease (120 s), not the default (30 s) the holder had.
+    expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(60_000);
+    await handed.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('gives back a lock handed to a waiter whose wait ran out while the release was held up', async () => {
+    const key = 'behind:late';
+    const holder = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 1_000 });
+    const failed = waiting.then(() => undefined, (error: unknown) => error);
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    // Redis holds every write (the release) for 2.5 s, past the waiter's 1 s wait.
+    await raw.client('PAUSE', 2_500, 'WRITE');
+    const released = holder.release();
+    expect(await failed).toBeInstanceOf(LockBackendError);
+    await released;
+    // The release ran once the pause ended and handed the lock to the waiter, which was gone: given back.
+    await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the late grant given back');
+    expect(await app.locks.acquire(key, { waitMs: 0 }).then((h) => h.release())).toBeUndefined();
+  });
+
+  it('hands the lock to a fair waiter of another process first when one is queued: the local waiter tries again', async () => {
+    const key = 'behind:fair-queued';
+    const holder = await app.locks.acquire(key);
+    const order: string[] = [];
+    const theirs = other.locks.run(key, () => void order.push('theirs'), { fair: true, waitMs: 30_000 });
+    await until(async () => asleep(other, key) === 1, 10_000, 'the fair waiter asleep');
+    const mine = app.locks.run(key, () => void order.push('mine'), { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the local waiter asleep');
+    await holder.release();
+    await Promise.all([theirs, mine]);
+    expect(order).toEqual(['theirs', 'mine']);
   });
 
   it('does not keep the lock in one process while a waiter of another process waits', async () => {

@@ -252,7 +252,11 @@ return 0
  * {0, token, wait id, owner} that it was handed to that fair waiter; -1 means the owner held
  * nothing, and nothing was changed.
  */
-export const RELEASE = `
+export const RELEASE = releaseScript('');
+
+/** The release scripts; `handTo`: Lua run once the owner's last hold is gone, before the lock is announced free. */
+function releaseScript(handTo: string): string {
+  return `
 ${freedKeys}
 local owner = ARGV[1]
 local holds = redis.call('hget', lock, owner)
@@ -260,11 +264,31 @@ if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
 -- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
 redis.call('hdel', lock, owner, ':handed')
-${freed('ARGV[4]')}
+${handTo}${freed('ARGV[4]')}
 if handed then return {0, handed[1], handed[2], handed[3]} end
 return 0
 `;
+}
 
+/**
+ * RELEASE that hands a lock it frees to a waiter of the releasing process (default mode): when the
+ * release frees the lock and no fair queue waits for it, `ARGV[5]` becomes the holder (hold count
+ * 1, lease `ARGV[6]` ms, a fresh fencing token with the counter lifetime `ARGV[7]`, as ACQUIRE
+ * grants a free lock) and `released` is announced as RELEASE announces it. The waiter need not send
+ * an attempt of its own: the reply tells it.
+ * KEYS and ARGV[1..4] as RELEASE; ARGV[5] the waiter's owner, ARGV[6] its lease in ms, ARGV[7] the
+ * counter lifetime of its grant in ms (`0`: no token).
+ * Returns as RELEASE, or {0, fencingToken} when the lock was handed to ARGV[5].
+ */
+export const RELEASE_TO = releaseScript(`if redis.call('exists', lock, queue) == 0 then
+  local fence, t = lock .. ':fence', ARGV[7] ~= '0' and redis.call('time')
+  ${nextToken('t', 'ARGV[7]')}
+  redis.call('hset', lock, ARGV[5], '1')
+  redis.call('pexpire', lock, ARGV[6])
+  redis.call(ARGV[3], ARGV[2], 'released')
+  return {0, tonumber(token)}
+end
+`);
 /**
  * Drop every hold of one holder field (after a loss, at shutdown).
  * KEYS and ARGV as RELEASE, with ARGV[1] the hash field (owner, or owner:read).

@@ -1,7 +1,7 @@
 import type { Cluster, Redis } from 'ioredis';
-import type { AcquireManyResult, AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
+import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
-import { withTimeout } from '../../internal/time.js';
+import { now, withTimeout } from '../../internal/time.js';
 import {
   ACQUIRE,
   ACQUIRE_FAIR,
@@ -14,6 +14,7 @@ import {
   LEAVE_QUEUE,
   LEAVE_WRITERS,
   RELEASE,
+  RELEASE_TO,
   RELEASE_ALL,
   RELEASE_RW,
   RENEW,
@@ -33,6 +34,7 @@ const scripts = {
   leaveQueue: new RedisScript('leaveQueue', LEAVE_QUEUE),
   leaveWriters: new RedisScript('leaveWriters', LEAVE_WRITERS),
   release: new RedisScript('release', RELEASE),
+  releaseTo: new RedisScript('releaseTo', RELEASE_TO),
   releaseAll: new RedisScript('releaseAll', RELEASE_ALL),
   renew: new RedisScript('renew', RENEW),
   inspect: new RedisScript('inspect', INSPECT),
@@ -255,16 +257,32 @@ export class RedisLockStore implements LockStore {
     return { granted: true, grants };
   }
 
-  async release(key: string, owner: string, mode: LockMode = 'exclusive', lastHold = false): Promise<number> {
+  async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong): Promise<number> {
     const name = this.lockName(key);
     let left: number;
     if (mode === 'exclusive') {
-      // A waiter of this process sent along: its attempt leaves in the same write, right behind.
-      const wake = lastHold ? this.waiters.wakeBehindRelease(key) : undefined;
-      const sent = scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs], wake !== undefined);
-      wake?.();
+      // A waiter of this process taken along: handed the lock inside the release when it frees it,
+      // else its attempt leaves in the same write, right behind.
+      const along = takeAlong ? this.waiters.wakeBehindRelease(key) : undefined;
+      let sent: Promise<unknown>;
+      if (along?.leaseMs !== undefined) {
+        const leaseStart = now();
+        sent = scripts.releaseTo.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs, along.owner, along.leaseMs, this.grantFenceTtlMs]);
+        const handover = sent
+          .then(
+            (reply): Handover | undefined => (Array.isArray(reply) && reply.length === 2 ? { fencingToken: Number(reply[1]), leaseStart } : undefined),
+            () => 'unknown' as const,
+          )
+          .then((verdict) => takeAlong!.noticed.then(() => verdict));
+        // Not there to take it (never so far: nothing runs between the two calls): give it back.
+        if (!along.wake(handover)) void handover.then((h) => h && this.releaseAll(key, along.owner)).catch(() => undefined);
+      } else {
+        sent = scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs], along !== undefined);
+        along?.wake();
+      }
       const reply = await sent;
-      if (Array.isArray(reply)) {
+      if (Array.isArray(reply) && reply.length === 2) left = 0;
+      else if (Array.isArray(reply)) {
         // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
         this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
         left = 0;
@@ -331,7 +349,7 @@ export class RedisLockStore implements LockStore {
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`], [owner]);
   }
 
-  watch(key: string, owner: string): ReleaseWatch {
+  watch(key: string, owner: string, handoverLeaseMs?: number): ReleaseWatch {
     const channel = this.lockName(key);
     let entry = this.channels.get(channel);
     if (entry) entry.refs++;
@@ -339,7 +357,8 @@ export class RedisLockStore implements LockStore {
       entry = { key, refs: 1, ready: this.subscribe(channel) };
       this.channels.set(channel, entry);
     }
-    return this.waiters.join(key, owner, entry.ready, () => this.unwatch(channel));
+    // With replica confirmation a grant waits for WAIT and may be given back: such waits attempt themselves.
+    return this.waiters.join(key, owner, entry.ready, () => this.unwatch(channel), this.replication ? undefined : handoverLeaseMs);
   }
 
   async close(): Promise<void> {
