@@ -779,8 +779,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     // Stop renewing before the release is sent: no renewal can follow it.
     if (lock.holds === 0) this.forget(lock);
     // A waiter of this process the release takes along acquires only once this release is recorded.
-    let noticed: (() => void) | undefined;
-    const takeAlong = lock.holds === 0 && !lock.fair && keepMs <= 0 ? { noticed: new Promise<void>((resolve) => (noticed = resolve)) } : undefined;
+    const takeAlong = lock.holds === 0 && !lock.fair && keepMs <= 0 ? new ReleaseNotice() : undefined;
     let left: number;
     try {
       try {
@@ -803,7 +802,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       }
       if (this.events.observed) this.emit({ type: 'released', key: lock.key, owner: lock.owner, holdCount: left, heldMs: lock.heldMs });
     } finally {
-      noticed?.();
+      takeAlong?.recorded();
     }
   }
 
@@ -951,5 +950,25 @@ function shutDown(key: string): LockBackendError {
 class AttemptTimeout extends Error {
   constructor(ms: number) {
     super(`no answer within ${Math.round(ms)} ms`);
+  }
+}
+
+/**
+ * LockStore.release's `takeAlong`: `noticed` resolves once the release is recorded. The promise is
+ * made only when a store reads it (a release that takes a waiter along), not on every release.
+ */
+class ReleaseNotice implements TakeAlong {
+  private done = false;
+  private promise: Promise<void> | undefined;
+  private resolve: (() => void) | undefined;
+
+  get noticed(): Promise<void> {
+    this.promise ??= this.done ? Promise.resolve() : new Promise<void>((resolve) => (this.resolve = resolve));
+    return this.promise;
+  }
+
+  recorded(): void {
+    this.done = true;
+    this.resolve?.();
   }
 }
