@@ -4,7 +4,7 @@ import { Fixture } from '../support/children.js';
 import { FENCED_WRITE } from '../fixtures/fenced-write.js';
 import { LockConfigurationError } from '../../lib/index.js';
 import { commandCalls, scriptCalls, until, type RedisServer } from '../support/redis-server.js';
-import { aborted, lockEachWay, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, asleep, lockEachWay, nextEvent, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 /** A fair lock held by one owner, with a second one asleep in its queue (wait id registered). */
 async function queued({ locks }: LockApp, raw: Redis, key: string) {
@@ -198,5 +198,21 @@ describe('fencingTokens: false', () => {
     expect(() => lock.fencingToken).toThrow(LockConfigurationError);
     await lock.release();
     expect(await raw.keys('lock:*')).toEqual(['lock:{off:fair}:fence']);
+  });
+
+  it('a release hands a waiter of its process the lock with no token, no clock read and no counter', async () => {
+    const key = 'off:along';
+    const holder = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    await raw.config('RESETSTAT');
+    await holder.release();
+    const lock = await waiting;
+    // One script ran, the release, and it read no clock and set no counter.
+    expect(await commandCalls(raw, 'time', 'set', 'evalsha')).toEqual({ time: 0, set: 0, evalsha: 1 });
+    expect(() => lock.fencingToken).toThrow(LockConfigurationError);
+    expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [lock.owner]: '1' });
+    await lock.release();
+    expect(await raw.keys(`lock:{${key}}*`)).toEqual([]);
   });
 });
