@@ -33,7 +33,7 @@ import {
 import { Watchdog } from './renewal/watchdog.js';
 import type { LockedSpec } from './decorators/lock-pipeline.js';
 import type { ContentionPolicy, RedisClusterConnection, RedisConnection } from './lock-options.js';
-import type { AcquireResult, Handover, LockMode, LockStore, ReleaseWatch, TakeAlong } from './store/lock-store.js';
+import type { AcquireResult, Handover, HoldsHere, LockMode, LockStore, ReleaseWatch, TakeAlong } from './store/lock-store.js';
 import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
@@ -369,7 +369,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         o.signal?.throwIfAborted();
         if (this.closing) throw shutDown(keys.join(', '));
         const start = now();
-        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs), start, deadline, keys.join(', '), (late) =>
+        const holdsHere = this.ownsOwner(context.owner) ? (key: string) => this.localHolds(context.owner, key, 'exclusive')!() : undefined;
+        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, holdsHere), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
@@ -668,8 +669,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
             handoverLeaseMs: this.handoverLeaseMs(o),
             heldLocally: this.holdsHere(owner, key, o.mode),
             waitId,
+            holdsHere: this.localHolds(owner, key, o.mode),
           }
-        : { key, owner, leaseMs: o.leaseMs, mode: o.mode },
+        : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.localHolds(owner, key, o.mode) },
     );
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
@@ -788,7 +790,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
           left = kept ? 0 : -1;
         } else {
-          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong);
+          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.ownsOwner(lock.owner) ? () => lock.holds : undefined);
         }
       } catch (error) {
         const failure = new LockBackendError('release', lock.key, error);
@@ -831,6 +833,20 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */
   private holdsHere(owner: string, key: string, mode: LockMode): boolean {
     return this.held.has(heldLockId(owner, key, mode));
+  }
+
+  /**
+   * Whether this service made `owner` for a context: then no other process uses it (unless given
+   * its name), and the holds this process counts are all the holds Redis has (see HoldsHere).
+   */
+  private ownsOwner(owner: string): boolean {
+    return owner.startsWith(this.instanceId) && owner.charCodeAt(this.instanceId.length) === 58; // ':'
+  }
+
+  /** For an owner this service made (see ownsOwner): its holds of `key` in `mode` in this process, counted when asked. */
+  private localHolds(owner: string, key: string, mode: LockMode): HoldsHere | undefined {
+    if (!this.ownsOwner(owner)) return undefined;
+    return () => this.held.get(heldLockId(owner, key, mode))?.holds ?? 0;
   }
 
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */

@@ -18,7 +18,7 @@ export interface LockStore {
    * cannot (keys on several Cluster slots) leave it out, and LockService takes the keys one by
    * one in that order instead, rolling back on failure.
    */
-  acquireMany?(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult>;
+  acquireMany?(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: (key: string) => number): Promise<AcquireManyResult>;
 
   /** Whether `acquireMany` can take these keys (default: yes); a Cluster store only when they share a slot. */
   groupsAtomically?(keys: readonly string[]): boolean;
@@ -30,8 +30,10 @@ export interface LockStore {
    * the lock inside the release. Such a waiter takes a lock handed to it only once
    * `takeAlong.noticed` resolves: the caller resolves it once it has recorded the release (its
    * `released` event), so the release is always seen before the next holder's acquisition.
+   * `holdsHere`: see AcquireRequest.holdsHere; read once the reply is in, it counts the holds left
+   * after this release.
    */
-  release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong): Promise<number>;
+  release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number>;
 
   /** Drops every hold of `owner` in `mode` on `key` at once (after a loss, at shutdown). True when something was dropped. */
   releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean>;
@@ -103,7 +105,17 @@ export interface AcquireRequest {
   heldLocally?: boolean;
   /** Fair mode: the caller's `ReleaseWatch.waitId`, once it watches the key. */
   waitId?: string;
+  /** See `HoldsHere`: read once the reply is in, before this acquisition is counted. */
+  holdsHere?: HoldsHere;
 }
+
+/**
+ * The holds the caller has of a lock for an owner that no other process uses (its own count, read
+ * when asked). Given, it lets a store correct a step its backend ran twice: ioredis sends a command
+ * again when its connection closed before the reply came, so an acquisition may count two holds,
+ * or a release drop two. Left out (an owner other processes may share), such a step is not corrected.
+ */
+export type HoldsHere = () => number;
 
 export type AcquireResult =
   | {

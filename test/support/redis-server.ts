@@ -236,7 +236,7 @@ export function redisServerAvailable(): boolean {
  * delivered), while the connections stay open, as a congested or partitioned link looks to its
  * ends. When the target closes a connection, the proxy closes the other side too.
  */
-export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(direction?: 'from-target' | 'both'): void; close(): Promise<void> }> {
+export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(direction?: 'from-target' | 'both'): void; cut(): void; close(): Promise<void> }> {
   const sockets = new Set<Socket>();
   let holding = false;
   let holdingBoth = false;
@@ -264,6 +264,11 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
     hold: (direction = 'from-target') => {
       holding = true;
       holdingBoth = direction === 'both';
+    },
+    cut: () => {
+      for (const socket of sockets) socket.destroy();
+      holding = false;
+      holdingBoth = false;
     },
     close: () => closeServer(server, sockets),
   };

@@ -304,6 +304,19 @@ return 1
 `;
 
 /**
+ * Undo what a lock step did twice: ioredis sends a command again when its connection closed before
+ * the reply came, so Redis may have run it once before the run whose reply the caller reads (see
+ * RedisLockStore's \`resent\`). Adds ARGV[2] (1 or -1) to the holds of field ARGV[1], only while that
+ * field keeps at least one hold: it never frees a lock, and never touches a lock the field does not hold.
+ * KEYS[1] lock hash. Returns the holds after, or -1 when nothing was changed.
+ */
+export const ADJUST_HOLDS = `
+local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0')
+if holds < 1 or holds + tonumber(ARGV[2]) < 1 then return -1 end
+return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
+`;
+
+/**
  * Renew many locks in one call, each only if its owner still holds it.
  * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
  * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).

@@ -1,9 +1,10 @@
 import type { Cluster, Redis } from 'ioredis';
-import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
+import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import { now, withTimeout } from '../../internal/time.js';
 import {
   ACQUIRE,
+  ADJUST_HOLDS,
   ACQUIRE_FAIR,
   ACQUIRE_MANY,
   ACQUIRE_READ,
@@ -39,6 +40,7 @@ const scripts = {
   renew: new RedisScript('renew', RENEW),
   inspect: new RedisScript('inspect', INSPECT),
   forceUnlock: new RedisScript('forceUnlock', FORCE_UNLOCK),
+  adjustHolds: new RedisScript('adjustHolds', ADJUST_HOLDS),
 };
 
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
@@ -80,6 +82,14 @@ export class RedisLockStore implements LockStore {
   private nextWait: Promise<number | undefined> | undefined;
   /** The counter lifetime the non-fair grant scripts get: `0` when they issue no tokens. */
   private readonly grantFenceTtlMs: number;
+  /** How often the lock connection (on a Cluster, any node's) has closed so far: see `resent`. */
+  private closes = 0;
+  private readonly connectionClosed = (): void => {
+    this.closes++;
+  };
+  private readonly nodeAdded = (node: Redis): void => {
+    node.on('close', this.connectionClosed);
+  };
 
   constructor(
     private readonly client: RedisClient,
@@ -98,6 +108,10 @@ export class RedisLockStore implements LockStore {
   ) {
     this.grantFenceTtlMs = issueTokens ? fenceTtlMs : 0;
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
+    if (this.cluster) {
+      (client as Cluster).on('+node', this.nodeAdded);
+      for (const node of (client as Cluster).nodes()) this.nodeAdded(node);
+    } else client.on('close', this.connectionClosed);
     if (this.cluster) {
       const nodes = ((client as unknown as { startupNodes?: unknown[] }).startupNodes ?? []).map(describeNode);
       this.description = `redis cluster ${nodes.join(',')}`;
@@ -161,9 +175,10 @@ export class RedisLockStore implements LockStore {
     return [name, `${name}:queue`];
   }
 
-  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId }: AcquireRequest): Promise<AcquireResult> {
+  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId, holdsHere }: AcquireRequest): Promise<AcquireResult> {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
+    const sentAt = this.closes;
     let r: number[];
     if (mode === 'read') {
       r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
@@ -181,7 +196,8 @@ export class RedisLockStore implements LockStore {
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
-    const holdCount = Number(r[1]);
+    let holdCount = Number(r[1]);
+    if (holdsHere && this.resent(sentAt)) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere());
     if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
   }
@@ -245,20 +261,27 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquireMany(keys: readonly string[], owner: string, leaseMs: number): Promise<AcquireManyResult> {
+  async acquireMany(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: (key: string) => number): Promise<AcquireManyResult> {
     const names = keys.flatMap((key) => {
       const name = this.lockName(key);
       return [name, `${name}:fence`];
     });
+    const sentAt = this.closes;
     const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
+    if (holdsHere && this.resent(sentAt)) {
+      await Promise.all(
+        grants.map(async (g, i) => (g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere(keys[i]!)))),
+      );
+    }
     if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
     return { granted: true, grants };
   }
 
-  async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong): Promise<number> {
+  async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
     const name = this.lockName(key);
+    const sentAt = this.closes;
     let left: number;
     if (mode === 'exclusive') {
       // A waiter of this process taken along: handed the lock inside the release when it frees it,
@@ -270,7 +293,9 @@ export class RedisLockStore implements LockStore {
         sent = scripts.releaseTo.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs, along.owner, along.leaseMs, this.grantFenceTtlMs]);
         const handover = sent
           .then(
-            (reply): Handover | undefined => (Array.isArray(reply) && reply.length === 2 ? { fencingToken: Number(reply[1]), leaseStart } : undefined),
+            // A reply from a second run cannot tell whether the first one handed the lock over.
+            (reply): Handover | undefined =>
+              this.resent(sentAt) ? 'unknown' : Array.isArray(reply) && reply.length === 2 ? { fencingToken: Number(reply[1]), leaseStart } : undefined,
             () => 'unknown' as const,
           )
           .then((verdict) => takeAlong!.noticed.then(() => verdict));
@@ -290,8 +315,46 @@ export class RedisLockStore implements LockStore {
     } else {
       left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
     }
+    if (holdsHere && this.resent(sentAt)) left = await this.droppedTwice(name, holderField(owner, mode), left, holdsHere());
     if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
     return left;
+  }
+
+  /**
+   * Whether the reply to a command sent when `closes` was `sentAt` may come from its second run:
+   * the connection closed while the command was in flight, and ioredis sends unanswered commands
+   * again once it has reconnected (`autoResendUnfulfilledCommands`, on by default), although Redis
+   * may have run them before the connection closed.
+   */
+  private resent(sentAt: number): boolean {
+    return this.closes !== sentAt;
+  }
+
+  /**
+   * An acquisition whose reply may come from a second run (see `resent`) reports `holdCount`; the
+   * caller had `before` holds. Any hold beyond `before + 1` is the first run's (other processes do
+   * not share the owner, and earlier steps of this connection have all answered): one is given back.
+   */
+  private async countedTwice(name: string, field: string, holdCount: number, before: number): Promise<number> {
+    if (holdCount <= before + 1) return holdCount;
+    const after = Number(await scripts.adjustHolds.run(this.client, [name], [field, -1]));
+    this.log.debug(`"${name}": an acquisition sent again after the connection closed had run twice; one hold given back`);
+    return after < 0 ? holdCount : holdCount - 1;
+  }
+
+  /**
+   * A release whose reply may come from a second run (see `resent`) reports `left`; the caller
+   * expects `after`. A release that had already dropped the owner's last hold finds nothing (-1):
+   * released. One that dropped two holds gets one back, unless the second run freed the lock: then
+   * another owner may have taken it since, and the lock counts as lost (-1).
+   */
+  private async droppedTwice(name: string, field: string, left: number, after: number): Promise<number> {
+    if (left < 0) return after === 0 ? 0 : -1;
+    if (left >= after) return left;
+    if (left === 0) return -1;
+    const restored = Number(await scripts.adjustHolds.run(this.client, [name], [field, 1]));
+    this.log.debug(`"${name}": a release sent again after the connection closed had run twice; one hold taken back`);
+    return restored < 0 ? -1 : left + 1;
   }
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
@@ -367,6 +430,10 @@ export class RedisLockStore implements LockStore {
     this.channels.clear();
     this.subscriber?.disconnect();
     this.subscriber = undefined;
+    if (this.cluster) {
+      (this.client as Cluster).off('+node', this.nodeAdded);
+      for (const node of (this.client as Cluster).nodes()) node.off('close', this.connectionClosed);
+    } else this.client.off('close', this.connectionClosed);
     if (this.ownsClient) {
       // QUIT queues behind unanswered commands; when the server is not there, drop them instead.
       if (this.client.status !== 'ready') this.client.disconnect();

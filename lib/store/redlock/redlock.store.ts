@@ -1,4 +1,4 @@
-import type { AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
+import type { AcquireRequest, AcquireResult, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import type { RedisLockStore } from '../redis/redis-lock.store.js';
 import { LockQuorumError, type RedlockVote } from '../../errors/lock-quorum.error.js';
 import { now, withTimeout } from '../../internal/time.js';
@@ -121,8 +121,8 @@ export class RedlockStore implements LockStore {
     return { granted: false, ttlMs: Math.max(-1, ...refusals.map((r) => r.ttlMs)) };
   }
 
-  async release(key: string, owner: string, mode?: LockMode): Promise<number> {
-    const answers = await this.everyNode((s) => s.release(key, owner, mode), STEP_TIMEOUT_MS, 'release', key);
+  async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
+    const answers = await this.everyNode((s) => s.release(key, owner, mode, undefined, holdsHere), STEP_TIMEOUT_MS, 'release', key);
     return Math.max(-1, ...answers.flatMap((a) => (a?.ok ? [a.value] : [])));
   }
 

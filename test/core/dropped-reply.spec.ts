@@ -1,0 +1,167 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { LockLostError, type LockEvent } from '../../lib/index.js';
+import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
+import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+/**
+ * A connection that drops after Redis ran a lock step but before its reply arrived. ioredis sends
+ * such a command again once it has reconnected (`autoResendUnfulfilledCommands`, on by default), so
+ * Redis runs it twice. The app reaches Redis through a proxy that holds back Redis's replies, then
+ * cuts every connection once the test's own client sees the first run's effect.
+ */
+describe('a lock step whose reply is lost to a dropped connection', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let link: Awaited<ReturnType<typeof tcpProxy>>;
+  let app: LockApp;
+  const events: LockEvent[] = [];
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    link = await tcpProxy(redis.port);
+    app = await startLockApp({ redis: `redis://127.0.0.1:${link.port}` });
+    app.locks.events$.subscribe((e) => events.push(e));
+  });
+  afterAll(async () => {
+    await app?.close();
+    await link?.close();
+    await redis?.stop();
+  });
+
+  /**
+   * Runs `step` with Redis's replies held back until `ran` sees its effect in Redis, then cuts the
+   * connections. Resolves to what the step resolved to, once ioredis sent it again; checks that
+   * Redis did run the step's script more than once.
+   */
+  async function replyLost<T>(step: () => Promise<T>, ran: () => Promise<boolean>): Promise<T> {
+    const before = await scriptCalls(raw);
+    link.hold('from-target');
+    const result = step();
+    try {
+      await until(ran, 10_000, 'the first run of the step');
+    } finally {
+      link.cut();
+    }
+    const value = await result;
+    expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(2);
+    return value;
+  }
+
+  const holds = (key: string) => raw.hgetall(`lock:{${key}}`);
+
+  it.each([
+    ['a plain lock', 'plain', {}, ''],
+    ['a fair lock', 'fair', { fair: true }, ''],
+    ['a read lock', 'read', { mode: 'read' as const }, ':read'],
+    ['a write lock', 'write', { mode: 'write' as const }, ''],
+  ])('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
+    const key = `acquire:${name}`;
+    const handle = await replyLost(
+      () => app.locks.acquire(key, options),
+      async () => (await raw.exists(`lock:{${key}}`)) === 1,
+    );
+    expect(handle.holdCount).toBe(1);
+    expect(await holds(key)).toEqual(expect.objectContaining({ [handle.owner + field]: '1' }));
+    await handle.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('counts one more hold for a re-entry', async () => {
+    const key = 'reenter:1';
+    await app.locks.run(key, async (outer) => {
+      const inner = await replyLost(
+        () => app.locks.acquire(key),
+        async () => (await holds(key))[outer.owner] === '2',
+      );
+      expect(inner.holdCount).toBe(2);
+      expect(await holds(key)).toEqual({ [outer.owner]: '2' });
+      await inner.release();
+      expect(await holds(key)).toEqual({ [outer.owner]: '1' });
+    });
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('counts one hold on each key of a multi-key lock', async () => {
+    const group = await replyLost(
+      () => app.locks.acquire(['many:a', 'many:b']),
+      async () => (await raw.exists('lock:{many:b}')) === 1,
+    );
+    expect(group.handles.map((h) => h.holdCount)).toEqual([1, 1]);
+    expect(await holds('many:a')).toEqual({ [group.owner]: '1' });
+    expect(await holds('many:b')).toEqual({ [group.owner]: '1' });
+    await group.release();
+    expect(await raw.exists('lock:{many:a}', 'lock:{many:b}')).toBe(0);
+  });
+
+  it('releases the last hold as released, not lost', async () => {
+    const key = 'release:last';
+    const handle = await app.locks.acquire(key);
+    const seen = events.length;
+    const warnings = app.logger.at('warn').length;
+    await replyLost(
+      () => handle.release(),
+      async () => (await raw.exists(`lock:{${key}}`)) === 0,
+    );
+    const mine = events.slice(seen).filter((e) => e.key === key);
+    expect(mine.map((e) => e.type)).toEqual(['released']);
+    expect(app.logger.at('warn').slice(warnings)).toEqual([]);
+    expect(handle.signal.aborted).toBe(false);
+  });
+
+  it('drops one hold of three, not two', async () => {
+    const key = 'release:one-of-three';
+    await app.locks.run(key, (outer) =>
+      app.locks.run(key, async () => {
+        const third = await app.locks.acquire(key);
+        expect(third.holdCount).toBe(3);
+        await replyLost(
+          () => third.release(),
+          async () => (await holds(key))[outer.owner] === '2',
+        );
+        expect(await holds(key)).toEqual({ [outer.owner]: '2' });
+        expect(outer.signal.aborted).toBe(false);
+      }),
+    );
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('reports the lock lost when the second run of a release of one hold of two freed it', async () => {
+    const key = 'release:one-of-two';
+    const outer = await app.locks.acquire(key);
+    const inner = await outer.run(() => app.locks.acquire(key));
+    expect(inner.holdCount).toBe(2);
+    await replyLost(
+      () => inner.release(),
+      async () => (await holds(key))[outer.owner] === '1',
+    );
+    // Free for a moment, the lock may have been taken by another owner: its holder is told at once,
+    // not at its next renewal.
+    expect(outer.signal.aborted).toBe(true);
+    expect(outer.signal.reason).toBeInstanceOf(LockLostError);
+    expect((outer.signal.reason as LockLostError).reason).toBe('taken');
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    await outer.release();
+  });
+
+  it('hands a lock over to a waiter of the releasing process once: one hold, and nothing left behind', async () => {
+    const key = 'handover:1';
+    const holder = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    const seen = events.length;
+    await replyLost(
+      () => holder.release(),
+      async () => {
+        const fields = Object.keys(await holds(key));
+        return fields.length === 1 && fields[0] !== holder.owner;
+      },
+    );
+    const handed = await waiting;
+    expect(handed.holdCount).toBe(1);
+    expect(await holds(key)).toEqual({ [handed.owner]: '1' });
+    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
+    await handed.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+});
