@@ -369,8 +369,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         o.signal?.throwIfAborted();
         if (this.closing) throw shutDown(keys.join(', '));
         const start = now();
-        const holdsHere = this.ownsOwner(context.owner) ? (key: string) => this.localHolds(context.owner, key, 'exclusive')!() : undefined;
-        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, holdsHere), start, deadline, keys.join(', '), (late) =>
+        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, this.countHolds), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
@@ -669,9 +668,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
             handoverLeaseMs: this.handoverLeaseMs(o),
             heldLocally: this.holdsHere(owner, key, o.mode),
             waitId,
-            holdsHere: this.localHolds(owner, key, o.mode),
+            holdsHere: this.countHolds,
           }
-        : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.localHolds(owner, key, o.mode) },
+        : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.countHolds },
     );
     const result = await this.bounded(request, start, deadline, key, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
@@ -790,7 +789,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
           left = kept ? 0 : -1;
         } else {
-          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.ownsOwner(lock.owner) ? () => lock.holds : undefined);
+          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds);
         }
       } catch (error) {
         const failure = new LockBackendError('release', lock.key, error);
@@ -836,18 +835,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   }
 
   /**
-   * Whether this service made `owner` for a context: then no other process uses it (unless given
-   * its name), and the holds this process counts are all the holds Redis has (see HoldsHere).
+   * The stores' HoldsHere: for an owner this service made for a context, which no other process
+   * uses (unless given its name), the holds this process counts are all the holds Redis has.
    */
-  private ownsOwner(owner: string): boolean {
-    return owner.startsWith(this.instanceId) && owner.charCodeAt(this.instanceId.length) === 58; // ':'
-  }
-
-  /** For an owner this service made (see ownsOwner): its holds of `key` in `mode` in this process, counted when asked. */
-  private localHolds(owner: string, key: string, mode: LockMode): HoldsHere | undefined {
-    if (!this.ownsOwner(owner)) return undefined;
-    return () => this.held.get(heldLockId(owner, key, mode))?.holds ?? 0;
-  }
+  private readonly countHolds: HoldsHere = (owner, key, mode) =>
+    owner.startsWith(this.instanceId) && owner.charCodeAt(this.instanceId.length) === 58 /* ':' */
+      ? (this.held.get(heldLockId(owner, key, mode))?.holds ?? 0)
+      : undefined;
 
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {

@@ -18,7 +18,7 @@ export interface LockStore {
    * cannot (keys on several Cluster slots) leave it out, and LockService takes the keys one by
    * one in that order instead, rolling back on failure.
    */
-  acquireMany?(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: (key: string) => number): Promise<AcquireManyResult>;
+  acquireMany?(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: HoldsHere): Promise<AcquireManyResult>;
 
   /** Whether `acquireMany` can take these keys (default: yes); a Cluster store only when they share a slot. */
   groupsAtomically?(keys: readonly string[]): boolean;
@@ -30,7 +30,7 @@ export interface LockStore {
    * the lock inside the release. Such a waiter takes a lock handed to it only once
    * `takeAlong.noticed` resolves: the caller resolves it once it has recorded the release (its
    * `released` event), so the release is always seen before the next holder's acquisition.
-   * `holdsHere`: see AcquireRequest.holdsHere; read once the reply is in, it counts the holds left
+   * `holdsHere`: see AcquireRequest.holdsHere; asked once the reply is in, it counts the holds left
    * after this release.
    */
   release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number>;
@@ -105,17 +105,17 @@ export interface AcquireRequest {
   heldLocally?: boolean;
   /** Fair mode: the caller's `ReleaseWatch.waitId`, once it watches the key. */
   waitId?: string;
-  /** See `HoldsHere`: read once the reply is in, before this acquisition is counted. */
+  /** See `HoldsHere`: asked once the reply is in, before this acquisition is counted. */
   holdsHere?: HoldsHere;
 }
 
 /**
- * The holds the caller has of a lock for an owner that no other process uses (its own count, read
- * when asked). Given, it lets a store correct a step its backend ran twice: ioredis sends a command
- * again when its connection closed before the reply came, so an acquisition may count two holds,
- * or a release drop two. Left out (an owner other processes may share), such a step is not corrected.
+ * How many holds the caller has of `key` in `mode` for `owner`, counted when asked; undefined when
+ * other processes may use that owner too (an explicit owner), so that the caller cannot know. It
+ * lets a store correct a step its backend ran twice: ioredis sends a command again when its
+ * connection closed before the reply came, so an acquisition may count two holds, or a release drop two.
  */
-export type HoldsHere = () => number;
+export type HoldsHere = (owner: string, key: string, mode: LockMode) => number | undefined;
 
 export type AcquireResult =
   | {

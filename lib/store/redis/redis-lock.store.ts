@@ -197,7 +197,7 @@ export class RedisLockStore implements LockStore {
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
     let holdCount = Number(r[1]);
-    if (holdsHere && this.resent(sentAt)) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere());
+    if (this.resent(sentAt)) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere?.(owner, key, mode));
     if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
   }
@@ -261,7 +261,7 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquireMany(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: (key: string) => number): Promise<AcquireManyResult> {
+  async acquireMany(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: HoldsHere): Promise<AcquireManyResult> {
     const names = keys.flatMap((key) => {
       const name = this.lockName(key);
       return [name, `${name}:fence`];
@@ -270,9 +270,9 @@ export class RedisLockStore implements LockStore {
     const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
-    if (holdsHere && this.resent(sentAt)) {
+    if (this.resent(sentAt)) {
       await Promise.all(
-        grants.map(async (g, i) => (g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere(keys[i]!)))),
+        grants.map(async (g, i) => (g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere?.(owner, keys[i]!, 'exclusive')))),
       );
     }
     if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
@@ -315,7 +315,7 @@ export class RedisLockStore implements LockStore {
     } else {
       left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
     }
-    if (holdsHere && this.resent(sentAt)) left = await this.droppedTwice(name, holderField(owner, mode), left, holdsHere());
+    if (this.resent(sentAt)) left = await this.droppedTwice(name, holderField(owner, mode), left, holdsHere?.(owner, key, mode));
     if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
     return left;
   }
@@ -332,11 +332,12 @@ export class RedisLockStore implements LockStore {
 
   /**
    * An acquisition whose reply may come from a second run (see `resent`) reports `holdCount`; the
-   * caller had `before` holds. Any hold beyond `before + 1` is the first run's (other processes do
-   * not share the owner, and earlier steps of this connection have all answered): one is given back.
+   * caller had `before` holds (undefined: it cannot know). Any hold beyond `before + 1` is the
+   * first run's (other processes do not share the owner, and earlier steps of this connection have
+   * all answered): one is given back.
    */
-  private async countedTwice(name: string, field: string, holdCount: number, before: number): Promise<number> {
-    if (holdCount <= before + 1) return holdCount;
+  private async countedTwice(name: string, field: string, holdCount: number, before: number | undefined): Promise<number> {
+    if (before === undefined || holdCount <= before + 1) return holdCount;
     const after = Number(await scripts.adjustHolds.run(this.client, [name], [field, -1]));
     this.log.debug(`"${name}": an acquisition sent again after the connection closed had run twice; one hold given back`);
     return after < 0 ? holdCount : holdCount - 1;
@@ -344,11 +345,12 @@ export class RedisLockStore implements LockStore {
 
   /**
    * A release whose reply may come from a second run (see `resent`) reports `left`; the caller
-   * expects `after`. A release that had already dropped the owner's last hold finds nothing (-1):
+   * expects `after` (undefined: it cannot know). A release that had already dropped the owner's last hold finds nothing (-1):
    * released. One that dropped two holds gets one back, unless the second run freed the lock: then
    * another owner may have taken it since, and the lock counts as lost (-1).
    */
-  private async droppedTwice(name: string, field: string, left: number, after: number): Promise<number> {
+  private async droppedTwice(name: string, field: string, left: number, after: number | undefined): Promise<number> {
+    if (after === undefined) return left;
     if (left < 0) return after === 0 ? 0 : -1;
     if (left >= after) return left;
     if (left === 0) return -1;
