@@ -4,6 +4,28 @@ import { LockLostError, type LockEvent } from '../../lib/index.js';
 import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
 import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 
+type Link = Awaited<ReturnType<typeof tcpProxy>>;
+
+/**
+ * Runs `step` with the replies of every server behind `links` held back until `ran` sees its
+ * effect in Redis, then cuts the connections. Resolves to what the step resolved to, once ioredis
+ * sent it again; checks that each server did run the step's script more than once.
+ */
+async function stepWithReplyLost<T>(links: { link: Link; raw: Redis }[], step: () => Promise<T>, ran: () => Promise<boolean>): Promise<T> {
+  const before = await Promise.all(links.map(({ raw }) => scriptCalls(raw)));
+  for (const { link } of links) link.hold('from-target');
+  const result = step();
+  try {
+    await until(ran, 10_000, 'the first run of the step');
+  } finally {
+    for (const { link } of links) link.cut();
+  }
+  const value = await result;
+  // A Redlock step returns once a quorum answered: the last node may run it again only after that.
+  for (const [i, { raw }] of links.entries()) await until(async () => (await scriptCalls(raw)) - before[i]! >= 2, 10_000, `the step run twice on server ${i}`);
+  return value;
+}
+
 /**
  * A connection that drops after Redis ran a lock step but before its reply arrived. ioredis sends
  * such a command again once it has reconnected (`autoResendUnfulfilledCommands`, on by default), so
@@ -13,7 +35,7 @@ import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 describe('a lock step whose reply is lost to a dropped connection', () => {
   let redis: RedisServer;
   let raw: Redis;
-  let link: Awaited<ReturnType<typeof tcpProxy>>;
+  let link: Link;
   let app: LockApp;
   const events: LockEvent[] = [];
   beforeAll(async () => {
@@ -29,24 +51,7 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     await redis?.stop();
   });
 
-  /**
-   * Runs `step` with Redis's replies held back until `ran` sees its effect in Redis, then cuts the
-   * connections. Resolves to what the step resolved to, once ioredis sent it again; checks that
-   * Redis did run the step's script more than once.
-   */
-  async function replyLost<T>(step: () => Promise<T>, ran: () => Promise<boolean>): Promise<T> {
-    const before = await scriptCalls(raw);
-    link.hold('from-target');
-    const result = step();
-    try {
-      await until(ran, 10_000, 'the first run of the step');
-    } finally {
-      link.cut();
-    }
-    const value = await result;
-    expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(2);
-    return value;
-  }
+  const replyLost = <T>(step: () => Promise<T>, ran: () => Promise<boolean>) => stepWithReplyLost([{ link, raw }], step, ran);
 
   const holds = (key: string) => raw.hgetall(`lock:{${key}}`);
 
@@ -163,5 +168,69 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
     await handed.release();
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+});
+
+describe('a Redlock step whose replies are lost to dropped connections on every node', () => {
+  let nodes: RedisServer[];
+  let links: { link: Link; raw: Redis }[];
+  let app: LockApp;
+  beforeAll(async () => {
+    nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
+    links = await Promise.all(nodes.map(async (n) => ({ link: await tcpProxy(n.port), raw: n.client() })));
+    app = await startLockApp({ redlock: { clients: links.map(({ link }) => `redis://127.0.0.1:${link.port}`) } });
+  });
+  afterAll(async () => {
+    await app?.close();
+    for (const { link } of links ?? []) await link.close();
+    await Promise.all((nodes ?? []).map((n) => n.stop()));
+  });
+
+  const everywhere = async (key: string) => Promise.all(links.map(({ raw }) => raw.hgetall(`lock:{${key}}`)));
+
+  it('counts one hold on every node, and the release leaves nothing behind', async () => {
+    const key = 'redlock:1';
+    const handle = await stepWithReplyLost(
+      links,
+      () => app.locks.acquire(key),
+      async () => (await everywhere(key)).every((h) => Object.keys(h).length === 1),
+    );
+    expect(handle.holdCount).toBe(1);
+    // A node that answered after the quorum corrects its count after that too.
+    const once = JSON.stringify([0, 1, 2].map(() => ({ [handle.owner]: '1' })));
+    await until(async () => JSON.stringify(await everywhere(key)) === once, 10_000, 'one hold on every node');
+    const seen: string[] = [];
+    const subscription = app.locks.events$.subscribe((e) => e.key === key && seen.push(e.type));
+    await stepWithReplyLost(
+      links,
+      () => handle.release(),
+      async () => (await everywhere(key)).every((h) => Object.keys(h).length === 0),
+    );
+    subscription.unsubscribe();
+    expect(await everywhere(key)).toEqual([{}, {}, {}]);
+    expect(seen).toEqual(['released']);
+    expect(handle.signal.aborted).toBe(false);
+  });
+
+  it('corrects a node that answers after the quorum granted the lock', async () => {
+    const key = 'redlock:late';
+    const before = await scriptCalls(links[2]!.raw);
+    for (const { link } of links) link.hold('from-target');
+    const acquiring = app.locks.acquire(key);
+    try {
+      await until(async () => (await everywhere(key)).every((h) => Object.keys(h).length === 1), 10_000, 'the first run on every node');
+    } finally {
+      links[0]!.link.cut();
+      links[1]!.link.cut();
+    }
+    // Granted by the quorum of the first two nodes, sent again; the third still holds its reply back.
+    const handle = await acquiring;
+    expect(handle.holdCount).toBe(1);
+    links[2]!.link.cut();
+    await until(async () => (await scriptCalls(links[2]!.raw)) - before >= 2, 10_000, 'the step run twice on the third node');
+    const once = JSON.stringify([0, 1, 2].map(() => ({ [handle.owner]: '1' })));
+    await until(async () => JSON.stringify(await everywhere(key)) === once, 10_000, 'one hold on every node');
+    await handle.release();
+    expect(await everywhere(key)).toEqual([{}, {}, {}]);
   });
 });

@@ -88,7 +88,15 @@ export class RedlockStore implements LockStore {
   async acquire(request: AcquireRequest): Promise<AcquireResult> {
     const { key, owner, leaseMs, mode = 'exclusive' } = request;
     const start = now();
-    const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false }));
+    // A node that answers after the quorum granted the lock answers about a hold the caller counts
+    // already (see HoldsHere): it expects one hold fewer beyond that count.
+    let counted = false;
+    const { holdsHere } = request;
+    const nodeHolds: HoldsHere | undefined = holdsHere && ((o, k, m) => {
+      const holds = holdsHere(o, k, m);
+      return holds === undefined || !counted ? holds : holds - 1;
+    });
+    const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
     const answers = await gather(calls, nodeTimeout(leaseMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
       if (granted >= this.quorum) return true;
@@ -101,6 +109,7 @@ export class RedlockStore implements LockStore {
     if (grants.length >= this.quorum && validity > 0) {
       // A node restarted empty re-grants a re-entry as fresh: the largest hold count is ours. Nodes
       // that have not answered yet hold the lock for us too if they grant it.
+      counted = true;
       return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
