@@ -463,7 +463,7 @@ function redisOption(value: unknown): RedisConnection {
   }
   if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
     const v = value as Record<string, unknown>;
-    if (isRedisClient(v)) return value as Redis;
+    if (isRedisClient(v)) return resendsUnanswered(value as Redis, (value as Redis).options?.autoResendUnfulfilledCommands, 'an ioredis client');
     if ('cluster' in v) {
       if (!Array.isArray(v.cluster) || v.cluster.length === 0) {
         throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${describe(v.cluster)}.`);
@@ -486,11 +486,27 @@ function redisOption(value: unknown): RedisConnection {
         `redis is an object of class ${(v.constructor as { name?: string })?.name ?? 'unknown'} that is not an ioredis client; pass an ioredis client, a redis:// URL, or plain ioredis options.`,
       );
     }
-    return value as RedisOptions;
+    return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options');
   }
   throw new LockConfigurationError(
     'redis',
     `redis must be a redis:// URL, ioredis options, or an ioredis client; got ${describe(value)}.`,
+  );
+}
+
+/**
+ * Refuses a connection with ioredis's `autoResendUnfulfilledCommands` off: ioredis then drops the
+ * commands in flight on a connection that closed, without ever settling their promises, so a
+ * release could wait for ever. On (the default), ioredis sends them again, and the store corrects a
+ * lock step Redis ran twice (see RedisLockStore's `resent`).
+ */
+function resendsUnanswered<T>(connection: T, resend: unknown, what: string): T {
+  if (resend !== false) return connection;
+  throw new LockConfigurationError(
+    'redis',
+    `redis: ${what} with autoResendUnfulfilledCommands: false. ioredis then drops the commands in flight when a connection closes ` +
+      'and never settles them, so a lock release could wait for ever. Leave autoResendUnfulfilledCommands out (on is the ioredis default): ' +
+      'nestjs-locked corrects a lock step that ioredis sent again.',
   );
 }
 

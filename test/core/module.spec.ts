@@ -51,6 +51,13 @@ describe('LockModule', () => {
     [{ redis: 'http://127.0.0.1:6379' }, 'redis', /redis:\/\/ or rediss:\/\/ URL/],
     [{ redis: { evalSha: () => 0, isOpen: true, duplicate: () => 0 } }, 'redis', /looks like a node-redis client/],
     [{ redis: new Map() }, 'redis', /class Map that is not an ioredis client/],
+    [{ redis: { host: '127.0.0.1', port: 1, autoResendUnfulfilledCommands: false } }, 'redis', /ioredis options with autoResendUnfulfilledCommands: false\. .*could wait for ever/],
+    [{ redis: new Redis({ port: 1, lazyConnect: true, autoResendUnfulfilledCommands: false }) }, 'redis', /an ioredis client with autoResendUnfulfilledCommands: false/],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', { port: 3, autoResendUnfulfilledCommands: false }] } },
+      'redis',
+      /ioredis options with autoResendUnfulfilledCommands: false/,
+    ],
     [{ leaseMS: 1000 }, 'leaseMS', /unknown option "leaseMS" \(did you mean "leaseMs"\?\)/],
     [{ ttl: 1000 }, 'ttl', /unknown option "ttl"\. Known options: store, redis, keyPrefix/],
     [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],

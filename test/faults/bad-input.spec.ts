@@ -100,6 +100,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
   { entry: 'LockModule.forRoot', input: 'redis: a node-redis client', outcome: LockConfigurationError, says: /needs an ioredis client/, run: () => boot({ redis: { evalSha: () => 0, isOpen: true } }) },
+  { entry: 'LockModule.forRoot', input: 'redis: autoResendUnfulfilledCommands false', outcome: LockConfigurationError, says: /a lock release could wait for ever/, run: () => boot({ redis: { port: 1, autoResendUnfulfilledCommands: false } }) },
   { entry: 'LockModule.forRoot', input: 'redis: not a client (a Map)', outcome: LockConfigurationError, says: /not an ioredis client/, run: () => boot({ redis: new Map() }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster: [] }', outcome: LockConfigurationError, says: /redis.cluster must be a non-empty array of startup nodes/, run: () => boot({ redis: { cluster: [] } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, host } (a stray field)', outcome: LockConfigurationError, says: /move host into options/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }], host: 'x' } as never }) },
