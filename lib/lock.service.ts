@@ -68,7 +68,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
   private readonly held = new Map<string, HeldLock>();
-  private readonly instanceId = randomBytes(9).toString('base64url');
+  /** Every owner this service makes for a context starts with this random id (see contextFor, countHolds). */
+  private readonly ownerPrefix = `${randomBytes(9).toString('base64url')}:`;
   private contextCount = 0;
   private readonly plans = new WeakMap<LockedSpec, LockedPlan>();
   /** `@Locked` methods already warned about returning an Observable they do not declare (once each). */
@@ -493,7 +494,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   private contextFor(o: ResolvedLockOptions): LockContext {
     if (o.owner !== undefined) return { owner: o.owner };
-    return this.contexts.getStore() ?? { owner: `${this.instanceId}:${++this.contextCount}` };
+    return this.contexts.getStore() ?? { owner: `${this.ownerPrefix}${++this.contextCount}` };
   }
 
   /** @internal */
@@ -839,7 +840,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * uses (unless given its name), the holds this process counts are all the holds Redis has.
    */
   private readonly countHolds: HoldsHere = (owner, key, mode) =>
-    owner.startsWith(this.instanceId) && owner.charCodeAt(this.instanceId.length) === 58 /* ':' */
+    owner.startsWith(this.ownerPrefix)
       ? (this.held.get(heldLockId(owner, key, mode))?.holds ?? 0)
       : undefined;
 

@@ -62,14 +62,11 @@ export interface LockStore {
   abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally?: boolean): Promise<void>;
 
   /**
-   * Starts watching `key` for releases, as `owner` (fair mode wakes owners by name). The watch
-   * must be `ready` before the next acquisition attempt, so that no release between that attempt
-   * and `sleep()` goes unnoticed.
-   */
-  /**
-   * Starts watching `key` for releases, for a wait of `owner`. `handoverLeaseMs`: an exclusive
-   * default-mode wait, which a release of this process may hand the lock to with that lease (see
-   * ReleaseWatch.takeHandover); stores that cannot ignore it.
+   * Starts watching `key` for releases, for a wait of `owner` (fair mode wakes owners by name). The
+   * watch must be `ready` before the next acquisition attempt, so that no release between that
+   * attempt and `sleep()` goes unnoticed. `handoverLeaseMs`: an exclusive default-mode wait, which a
+   * release of this process may hand the lock to with that lease (see ReleaseWatch.takeHandover);
+   * stores that cannot ignore it.
    */
   watch(key: string, owner: string, handoverLeaseMs?: number): ReleaseWatch;
 

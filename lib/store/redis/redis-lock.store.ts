@@ -4,11 +4,11 @@ import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import { now, withTimeout } from '../../internal/time.js';
 import {
   ACQUIRE,
-  ADJUST_HOLDS,
   ACQUIRE_FAIR,
   ACQUIRE_MANY,
   ACQUIRE_READ,
   ACQUIRE_WRITE,
+  ADJUST_HOLDS,
   FENCE_COUNTER_TTL_MS,
   FORCE_UNLOCK,
   INSPECT,
@@ -111,11 +111,10 @@ export class RedisLockStore implements LockStore {
     if (this.cluster) {
       (client as Cluster).on('+node', this.nodeAdded);
       for (const node of (client as Cluster).nodes()) this.nodeAdded(node);
-    } else client.on('close', this.connectionClosed);
-    if (this.cluster) {
       const nodes = ((client as unknown as { startupNodes?: unknown[] }).startupNodes ?? []).map(describeNode);
       this.description = `redis cluster ${nodes.join(',')}`;
     } else {
+      client.on('close', this.connectionClosed);
       const o = (client as Redis).options ?? {};
       this.description = o.sentinels?.length
         ? `redis sentinel master "${o.name}" (${o.sentinels.map(describeNode).join(',')})`
