@@ -463,7 +463,13 @@ function redisOption(value: unknown): RedisConnection {
   }
   if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
     const v = value as Record<string, unknown>;
-    if (isRedisClient(v)) return resendsUnanswered(value as Redis, (value as Redis).options?.autoResendUnfulfilledCommands, 'an ioredis client');
+    if (isRedisClient(v)) {
+      if (v.isCluster === true) {
+        const nodes = (value as Cluster).options?.redisOptions;
+        return resendsUnanswered(value as Cluster, nodes?.autoResendUnfulfilledCommands, 'an ioredis Cluster client whose redisOptions have');
+      }
+      return resendsUnanswered(value as Redis, (value as Redis).options?.autoResendUnfulfilledCommands, 'an ioredis client with');
+    }
     if ('cluster' in v) {
       if (!Array.isArray(v.cluster) || v.cluster.length === 0) {
         throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${describe(v.cluster)}.`);
@@ -472,7 +478,8 @@ function redisOption(value: unknown): RedisConnection {
       if (extra.length > 0) {
         throw new LockConfigurationError('redis', `redis: { cluster, options } takes no other fields; move ${extra.join(', ')} into options (ioredis ClusterOptions).`);
       }
-      return value as RedisClusterConnection;
+      const nodes = (v.options as ClusterOptions | undefined)?.redisOptions;
+      return resendsUnanswered(value as RedisClusterConnection, nodes?.autoResendUnfulfilledCommands, 'redis.cluster options whose redisOptions have');
     }
     if (typeof v.evalSha === 'function' || typeof v.isOpen === 'boolean') {
       throw new LockConfigurationError(
@@ -486,7 +493,7 @@ function redisOption(value: unknown): RedisConnection {
         `redis is an object of class ${(v.constructor as { name?: string })?.name ?? 'unknown'} that is not an ioredis client; pass an ioredis client, a redis:// URL, or plain ioredis options.`,
       );
     }
-    return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options');
+    return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options with');
   }
   throw new LockConfigurationError(
     'redis',
@@ -498,13 +505,15 @@ function redisOption(value: unknown): RedisConnection {
  * Refuses a connection with ioredis's `autoResendUnfulfilledCommands` off: ioredis then drops the
  * commands in flight on a connection that closed, without ever settling their promises, so a
  * release could wait for ever. On (the default), ioredis sends them again, and the store corrects a
- * lock step Redis ran twice (see RedisLockStore's `resent`).
+ * lock step Redis ran twice (see RedisLockStore's `resent`). On a Cluster the option sits in
+ * `redisOptions`, the options of each node's connection: a node connection that reconnects (ioredis
+ * 6's `clusterNodeRetryStrategy`) drops its commands in flight the same way.
  */
 function resendsUnanswered<T>(connection: T, resend: unknown, what: string): T {
   if (resend !== false) return connection;
   throw new LockConfigurationError(
     'redis',
-    `redis: ${what} with autoResendUnfulfilledCommands: false. ioredis then drops the commands in flight when a connection closes ` +
+    `redis: ${what} autoResendUnfulfilledCommands: false. ioredis then drops the commands in flight when a connection closes ` +
       'and never settles them, so a lock release could wait for ever. Leave autoResendUnfulfilledCommands out (on is the ioredis default): ' +
       'nestjs-locked corrects a lock step that ioredis sent again.',
   );

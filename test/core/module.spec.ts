@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import {
   LockBackendError,
   LockConfigurationError,
@@ -54,6 +54,16 @@ describe('LockModule', () => {
     [{ redis: { host: '127.0.0.1', port: 1, autoResendUnfulfilledCommands: false } }, 'redis', /ioredis options with autoResendUnfulfilledCommands: false\. .*could wait for ever/],
     [{ redis: new Redis({ port: 1, lazyConnect: true, autoResendUnfulfilledCommands: false }) }, 'redis', /an ioredis client with autoResendUnfulfilledCommands: false/],
     [
+      { redis: { cluster: [{ host: '127.0.0.1', port: 1 }], options: { redisOptions: { autoResendUnfulfilledCommands: false } } } },
+      'redis',
+      /redis\.cluster options whose redisOptions have autoResendUnfulfilledCommands: false/,
+    ],
+    [
+      { redis: new Cluster([{ host: '127.0.0.1', port: 1 }], { lazyConnect: true, redisOptions: { autoResendUnfulfilledCommands: false } }) },
+      'redis',
+      /an ioredis Cluster client whose redisOptions have autoResendUnfulfilledCommands: false/,
+    ],
+    [
       { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', { port: 3, autoResendUnfulfilledCommands: false }] } },
       'redis',
       /ioredis options with autoResendUnfulfilledCommands: false/,
@@ -77,7 +87,11 @@ describe('LockModule', () => {
     ],
   ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
     const failure = await compile(options).then(
-      () => new Error('bootstrap succeeded'),
+      // Closed, so that a row whose check is missing fails here instead of leaving a client reconnecting.
+      async (moduleRef) => {
+        await moduleRef.close();
+        return new Error('bootstrap succeeded');
+      },
       (e: unknown) => e,
     );
     expect(failure).toBeInstanceOf(LockConfigurationError);
