@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { LockLostError, type LockEvent } from '../../lib/index.js';
-import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
+import { LockBackendError, LockLostError, type LockEvent } from '../../lib/index.js';
+import { RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
 import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 type Link = Awaited<ReturnType<typeof tcpProxy>>;
@@ -167,6 +167,59 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await holds(key)).toEqual({ [handed.owner]: '1' });
     expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
     await handed.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+});
+
+/**
+ * A release that hands the lock to a waiter of its process, answered with an error instead of a
+ * reply: the server became a read-only replica (REPLICAOF a master that never answers, so it keeps
+ * its data), so the script wrote nothing. The waiter must not take the lock it was not handed.
+ */
+describe('a handover release that Redis refuses with an error reply', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let app: LockApp;
+  let master: Awaited<ReturnType<typeof silentPort>>;
+  const events: LockEvent[] = [];
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    master = await silentPort();
+    app = await startLockApp({ redis: `redis://127.0.0.1:${redis.port}` });
+    app.locks.events$.subscribe((e) => events.push(e));
+  });
+  afterAll(async () => {
+    await raw?.replicaof('NO', 'ONE').catch(() => undefined);
+    await app?.close();
+    await master?.close();
+    await redis?.stop();
+  });
+
+  it('fails the release, and the waiter takes the lock only once its holder\'s lease ended', async () => {
+    const key = 'handover:refused';
+    // A fixed lease: no renewal runs into the read-only server.
+    const holder = await app.locks.acquire(key, { leaseMs: 2_000, watchdog: false });
+    let writable = false;
+    const waiting = app.locks.acquire(key, { waitMs: 30_000 }).then(async (handle) => ({ handle, writable, fields: await raw.hgetall(`lock:{${key}}`) }));
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    await raw.replicaof('127.0.0.1', String(master.port));
+    const failure = await holder.release().then(
+      () => new Error('the release succeeded'),
+      (e: unknown) => e,
+    );
+    expect(failure).toBeInstanceOf(LockBackendError);
+    expect(String((failure as LockBackendError).cause)).toMatch(/READONLY/);
+    expect(events.filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['acquired', 'release-failed']);
+    // Nothing was written: the holder still holds the lock in Redis until its lease ends.
+    expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [holder.owner]: '1' });
+    writable = true;
+    await raw.replicaof('NO', 'ONE');
+    const { handle, writable: wasWritable, fields } = await waiting;
+    expect(wasWritable).toBe(true);
+    expect(handle.holdCount).toBe(1);
+    expect(fields).toEqual({ [handle.owner]: '1' });
+    await handle.release();
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 });
