@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { LockBackendError, LockLostError, type LockEvent } from '../../lib/index.js';
+import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
+import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
 import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 
@@ -168,6 +170,66 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
     await handed.release();
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+});
+
+/**
+ * The same on a Redis Cluster: the app reaches every node through a proxy (ioredis's `natMap` turns
+ * the addresses the nodes announce into the proxies'), and the replies of the node that serves the
+ * key are held back, then its connections cut. The Cluster client fails the commands in flight on a
+ * closed node connection and sends them again on a new one.
+ */
+describe('a Cluster lock step whose reply is lost to a dropped node connection', () => {
+  let cluster: RedisCluster;
+  let links: Map<number, Link>;
+  let app: LockApp;
+  const events: LockEvent[] = [];
+  beforeAll(async () => {
+    cluster = await RedisCluster.start(3);
+    links = new Map();
+    for (const server of cluster.servers) links.set(server.port, await tcpProxy(server.port));
+    const natMap = Object.fromEntries([...links].map(([port, link]) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: link.port }]));
+    app = await startLockApp({ redis: { cluster: [...links.values()].map((l) => ({ host: '127.0.0.1', port: l.port })), options: { natMap } } });
+    app.locks.events$.subscribe((e) => events.push(e));
+  });
+  afterAll(async () => {
+    await app?.close();
+    for (const link of links?.values() ?? []) await link.close();
+    await cluster?.stop();
+  });
+
+  /** The proxy of the node that serves `key`, and a direct connection to that node. */
+  async function nodeOf(key: string): Promise<{ link: Link; raw: Redis }> {
+    const server = await cluster.ownerOf(keySlot(key));
+    return { link: links.get(server.port)!, raw: cluster.node(server) };
+  }
+
+  it('counts one hold for an acquisition, and its release leaves nothing behind', async () => {
+    const key = 'cluster:acquire';
+    const node = await nodeOf(key);
+    const handle = await stepWithReplyLost(
+      [node],
+      () => app.locks.acquire(key),
+      async () => (await node.raw.exists(`lock:{${key}}`)) === 1,
+    );
+    expect(handle.holdCount).toBe(1);
+    expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual({ [handle.owner]: '1' });
+    await handle.release();
+    expect(await node.raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('releases the last hold as released, not lost', async () => {
+    const key = 'cluster:release';
+    const node = await nodeOf(key);
+    const handle = await app.locks.acquire(key);
+    const seen = events.length;
+    await stepWithReplyLost(
+      [node],
+      () => handle.release(),
+      async () => (await node.raw.exists(`lock:{${key}}`)) === 0,
+    );
+    expect(events.slice(seen).filter((e) => e.key === key).map((e) => e.type)).toEqual(['released']);
+    expect(handle.signal.aborted).toBe(false);
   });
 });
 
