@@ -797,8 +797,11 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         this.emit({ type: 'release-failed', key: lock.key, owner: lock.owner, error: failure });
         throw failure;
       }
-      if (left < 0) {
-        // Redis no longer listed us: the lock had been lost before we noticed.
+      // Redis no longer listed us (left < 0): the lock had been lost before we noticed. Or this
+      // release freed it while this process still counts holds of an owner it made, which no other
+      // process uses: Redis had counted fewer holds (concurrent steps corrected one by one after a
+      // dropped connection, see RedisLockStore's resent), and the other handles must know at once.
+      if (left < 0 || (left === 0 && lock.holds > 0 && lock.owner.startsWith(this.ownerPrefix))) {
         void this.markLost(lock, 'taken');
         return;
       }

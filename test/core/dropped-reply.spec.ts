@@ -89,6 +89,41 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('tells the other handles at once when concurrent re-entries left Redis a hold short and a release freed the lock', async () => {
+    // Two re-entries in flight across the close: the first ran before it, the second was lost on
+    // the way (the proxy passed nothing more), so ioredis sends both again and Redis runs the first
+    // twice. Each is corrected on its own against this process's count, so Redis ends a hold short.
+    const key = 'reenter:concurrent';
+    const outer = await app.locks.acquire(key);
+    await outer.run(async () => {
+      link.hold('from-target');
+      const first = app.locks.acquire(key);
+      let cut = false;
+      try {
+        await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first re-entry run');
+        link.hold('both');
+        const sent = link.bytesFromClients;
+        const second = app.locks.acquire(key);
+        await until(async () => link.bytesFromClients > sent, 10_000, 'the second re-entry sent');
+        link.cut();
+        cut = true;
+        const [a, b] = await Promise.all([first, second]);
+        expect(await holds(key)).toEqual({ [outer.owner]: '2' });
+        await b.release();
+        expect(outer.signal.aborted).toBe(false);
+        await a.release();
+      } finally {
+        // Never leave the link holding for the next test.
+        if (!cut) link.cut();
+      }
+    });
+    // That release freed the lock under the outer hold: its holder is told, not left to its next renewal.
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    expect(outer.signal.aborted).toBe(true);
+    expect((outer.signal.reason as LockLostError).reason).toBe('taken');
+    await outer.release();
+  });
+
   it('counts one hold on each key of a multi-key lock', async () => {
     const group = await replyLost(
       () => app.locks.acquire(['many:a', 'many:b']),

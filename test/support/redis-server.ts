@@ -234,12 +234,15 @@ export function redisServerAvailable(): boolean {
  * A TCP proxy on a free loopback port to `targetPort`, for a link whose traffic a test must stall:
  * `hold()` stops passing on what the target sends, `hold('both')` what either side sends (never
  * delivered), while the connections stay open, as a congested or partitioned link looks to its
- * ends. When the target closes a connection, the proxy closes the other side too.
+ * ends. `bytesFromClients` counts what the clients sent, passed on or not. When the target closes a connection, the proxy closes the other side too.
  */
-export async function tcpProxy(targetPort: number): Promise<{ port: number; hold(direction?: 'from-target' | 'both'): void; cut(): void; close(): Promise<void> }> {
+export async function tcpProxy(
+  targetPort: number,
+): Promise<{ port: number; readonly bytesFromClients: number; hold(direction?: 'from-target' | 'both'): void; cut(): void; close(): Promise<void> }> {
   const sockets = new Set<Socket>();
   let holding = false;
   let holdingBoth = false;
+  let bytesFromClients = 0;
   const server = createServer((downstream) => {
     const upstream = connect(targetPort, '127.0.0.1');
     for (const s of [downstream, upstream]) {
@@ -252,6 +255,7 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
       });
     }
     downstream.on('data', (d) => {
+      bytesFromClients += d.length;
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (d) => {
@@ -261,6 +265,9 @@ export async function tcpProxy(targetPort: number): Promise<{ port: number; hold
   const port = await listenOnLoopback(server);
   return {
     port,
+    get bytesFromClients() {
+      return bytesFromClients;
+    },
     hold: (direction = 'from-target') => {
       holding = true;
       holdingBoth = direction === 'both';
