@@ -1,6 +1,6 @@
 import { AsyncResource } from 'node:async_hooks';
 import { describe, expect, it } from '@jest/globals';
-import { LockHandle, LockNotAcquiredError } from '../../lib/index.js';
+import { LockHandle, LockNotAcquiredError, type LockLostError } from '../../lib/index.js';
 import type { RedisServer } from '../support/redis-server.js';
 import { gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
@@ -35,6 +35,22 @@ describe('owners and reentrancy', () => {
     });
     expect(await app.locks.isLocked(key)).toBe(false);
     expect(await otherContextGetsIt(key)).toBe(true);
+  });
+
+  it('tells the other handles at once when a release frees a lock this process still counts holds of', async () => {
+    // Redis counts a hold fewer than this process: here other code decremented it (the lock keys
+    // must be left alone); after a dropped connection a miscorrection could do the same.
+    const key = 'reentrant:short';
+    const outer = await app.locks.acquire(key);
+    const inner = await outer.run(() => app.locks.acquire(key));
+    expect(inner.holdCount).toBe(2);
+    await redis.shared().hincrby(`lock:{${key}}`, outer.owner, -1);
+    await inner.release();
+    // That release freed the lock: another owner may hold it from then on.
+    expect(await app.locks.isLocked(key)).toBe(false);
+    expect(outer.signal.aborted).toBe(true);
+    expect((outer.signal.reason as LockLostError).reason).toBe('taken');
+    await outer.release();
   });
 
   it('re-enters however deep in awaits and timers the nested call is', async () => {

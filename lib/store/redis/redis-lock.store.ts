@@ -90,6 +90,11 @@ export class RedisLockStore implements LockStore {
   private readonly nodeAdded = (node: Redis): void => {
     node.on('close', this.connectionClosed);
   };
+  /**
+   * The steps of each lock (by name) in flight: twice their number, plus 1 once two of them were in
+   * flight together (a number, not an object: this runs on every step). See `countedTwice`.
+   */
+  private readonly inFlight = new Map<string, number>();
 
   constructor(
     private readonly client: RedisClient,
@@ -178,25 +183,31 @@ export class RedisLockStore implements LockStore {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
     const sentAt = this.closes;
+    this.stepSent(name);
+    let overlapped = false;
     let r: number[];
-    if (mode === 'read') {
-      r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
-    } else if (mode === 'write') {
-      r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
-    } else if (fair) {
-      const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
-      r = (await scripts.acquireFair.run(
-        this.client,
-        [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
-        [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
-      )) as number[];
-    } else {
-      r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
+    try {
+      if (mode === 'read') {
+        r = (await scripts.acquireRead.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
+      } else if (mode === 'write') {
+        r = (await scripts.acquireWrite.run(this.client, [name, fence, `${name}:writers`], [owner, leaseMs, this.grantFenceTtlMs, queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS])) as number[];
+      } else if (fair) {
+        const queueTimeout = queueTimeoutMs ?? DEFAULT_FAIR_QUEUE_TIMEOUT_MS;
+        r = (await scripts.acquireFair.run(
+          this.client,
+          [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
+          [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
+        )) as number[];
+      } else {
+        r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
+      }
+    } finally {
+      overlapped = this.stepAnswered(name);
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
     let holdCount = Number(r[1]);
-    if (this.resent(sentAt)) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere?.(owner, key, mode));
+    if (this.resent(sentAt) && !overlapped) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere?.(owner, key, mode));
     if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
   }
@@ -266,12 +277,21 @@ export class RedisLockStore implements LockStore {
       return [name, `${name}:fence`];
     });
     const sentAt = this.closes;
-    const r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
+    for (let i = 0; i < names.length; i += 2) this.stepSent(names[i]!);
+    let overlapped: boolean[] = [];
+    let r: number[];
+    try {
+      r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
+    } finally {
+      overlapped = keys.map((_, i) => this.stepAnswered(names[2 * i]!));
+    }
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
     if (this.resent(sentAt)) {
       await Promise.all(
-        grants.map(async (g, i) => (g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere?.(owner, keys[i]!, 'exclusive')))),
+        grants.map(async (g, i) => {
+          if (!overlapped[i]) g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere?.(owner, keys[i]!, 'exclusive'));
+        }),
       );
     }
     if (this.replication) await this.confirmGrants(keys.join(', '), keys.map((key, i) => ({ key, holdCount: grants[i]!.holdCount })), owner, 'exclusive');
@@ -281,38 +301,43 @@ export class RedisLockStore implements LockStore {
   async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
     const name = this.lockName(key);
     const sentAt = this.closes;
+    this.stepSent(name);
     let left: number;
-    if (mode === 'exclusive') {
-      // A waiter of this process taken along: handed the lock inside the release when it frees it,
-      // else its attempt leaves in the same write, right behind.
-      const along = takeAlong ? this.waiters.wakeBehindRelease(key) : undefined;
-      let sent: Promise<unknown>;
-      if (along?.leaseMs !== undefined) {
-        const leaseStart = now();
-        sent = scripts.releaseTo.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs, along.owner, along.leaseMs, this.grantFenceTtlMs]);
-        const handover = sent
-          .then(
-            // A reply from a second run cannot tell whether the first one handed the lock over.
-            (reply): Handover | undefined =>
-              this.resent(sentAt) ? 'unknown' : Array.isArray(reply) && reply.length === 2 ? { fencingToken: Number(reply[1]), leaseStart } : undefined,
-            () => 'unknown' as const,
-          )
-          .then((verdict) => takeAlong!.noticed.then(() => verdict));
-        // Not there to take it (never so far: nothing runs between the two calls): give it back.
-        if (!along.wake(handover)) void handover.then((h) => h && this.releaseAll(key, along.owner)).catch(() => undefined);
+    try {
+      if (mode === 'exclusive') {
+        // A waiter of this process taken along: handed the lock inside the release when it frees it,
+        // else its attempt leaves in the same write, right behind.
+        const along = takeAlong ? this.waiters.wakeBehindRelease(key) : undefined;
+        let sent: Promise<unknown>;
+        if (along?.leaseMs !== undefined) {
+          const leaseStart = now();
+          sent = scripts.releaseTo.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs, along.owner, along.leaseMs, this.grantFenceTtlMs]);
+          const handover = sent
+            .then(
+              // A reply from a second run cannot tell whether the first one handed the lock over.
+              (reply): Handover | undefined =>
+                this.resent(sentAt) ? 'unknown' : Array.isArray(reply) && reply.length === 2 ? { fencingToken: Number(reply[1]), leaseStart } : undefined,
+              () => 'unknown' as const,
+            )
+            .then((verdict) => takeAlong!.noticed.then(() => verdict));
+          // Not there to take it (never so far: nothing runs between the two calls): give it back.
+          if (!along.wake(handover)) void handover.then((h) => h && this.releaseAll(key, along.owner)).catch(() => undefined);
+        } else {
+          sent = scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs], along !== undefined);
+          along?.wake();
+        }
+        const reply = await sent;
+        if (Array.isArray(reply) && reply.length === 2) left = 0;
+        else if (Array.isArray(reply)) {
+          // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
+          this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
+          left = 0;
+        } else left = Number(reply);
       } else {
-        sent = scripts.release.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs], along !== undefined);
-        along?.wake();
+        left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
       }
-      const reply = await sent;
-      if (Array.isArray(reply) && reply.length === 2) left = 0;
-      else if (Array.isArray(reply)) {
-        // Handed to a fair waiter: if it waits in this process, it need not wait for the message.
-        this.granted(key, String(reply[3]), String(reply[2]), Number(reply[1]));
-        left = 0;
-      } else left = Number(reply);
-    } else {
-      left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
+    } finally {
+      this.stepAnswered(name);
     }
     if (this.resent(sentAt)) left = await this.droppedTwice(name, holderField(owner, mode), left, holdsHere?.(owner, key, mode));
     if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
@@ -329,11 +354,33 @@ export class RedisLockStore implements LockStore {
     return this.closes !== sentAt;
   }
 
+  /** A step of the lock `name` is sent (see `inFlight`). */
+  private stepSent(name: string): void {
+    const entry = this.inFlight.get(name);
+    this.inFlight.set(name, entry === undefined ? 2 : (entry + 2) | 1);
+  }
+
+  /**
+   * A step of the lock `name` is answered: whether another step of that lock was in flight together
+   * with it (the mark stays while any step of the lock is in flight, so a step sent after one that
+   * overlapped others, while they are in flight, overlaps too).
+   */
+  private stepAnswered(name: string): boolean {
+    const entry = this.inFlight.get(name)!;
+    if (entry < 4) this.inFlight.delete(name);
+    else this.inFlight.set(name, entry - 2);
+    return (entry & 1) === 1;
+  }
+
   /**
    * An acquisition whose reply may come from a second run (see `resent`) reports `holdCount`; the
    * caller had `before` holds (undefined: it cannot know). Any hold beyond `before + 1` is the
    * first run's (other processes do not share the owner, and earlier steps of this connection have
-   * all answered): one is given back.
+   * all answered): one is given back. Not called for a step that was in flight together with
+   * another step of the same lock (`inFlight`): Redis's count then also holds the other steps' first
+   * runs, or not, and this process's count may not have caught up with their replies, so a hold
+   * given back could be one that is held. The lock then keeps a hold too many, and outlives its
+   * last release until its lease ends, rather than one too few, which would free it under a holder.
    */
   private async countedTwice(name: string, field: string, holdCount: number, before: number | undefined): Promise<number> {
     if (before === undefined || holdCount <= before + 1) return holdCount;
