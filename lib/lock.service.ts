@@ -801,7 +801,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       // release freed it while this process still counts holds of an owner it made, which no other
       // process uses: Redis had counted fewer holds (concurrent steps corrected one by one after a
       // dropped connection, see RedisLockStore's resent), and the other handles must know at once.
-      if (left < 0 || (left === 0 && lock.holds > 0 && lock.owner.startsWith(this.ownerPrefix))) {
+      if (left < 0 || (left === 0 && lock.holds > 0 && this.madeHere(lock.owner))) {
         void this.markLost(lock, 'taken');
         return;
       }
@@ -843,9 +843,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * uses (unless given its name), the holds this process counts are all the holds Redis has.
    */
   private readonly countHolds: HoldsHere = (owner, key, mode) =>
-    owner.startsWith(this.ownerPrefix)
-      ? (this.held.get(heldLockId(owner, key, mode))?.holds ?? 0)
-      : undefined;
+    this.madeHere(owner) ? (this.held.get(heldLockId(owner, key, mode))?.holds ?? 0) : undefined;
+
+  /** Whether this service made `owner` for a context (see contextFor): then no other process uses it. */
+  private madeHere(owner: string): boolean {
+    return owner.startsWith(this.ownerPrefix);
+  }
 
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {

@@ -184,7 +184,7 @@ export class RedisLockStore implements LockStore {
     const fence = `${name}:fence`;
     const sentAt = this.closes;
     this.stepSent(name);
-    let overlapped = false;
+    let overlapped: boolean;
     let r: number[];
     try {
       if (mode === 'read') {
@@ -272,25 +272,23 @@ export class RedisLockStore implements LockStore {
   }
 
   async acquireMany(keys: readonly string[], owner: string, leaseMs: number, holdsHere?: HoldsHere): Promise<AcquireManyResult> {
-    const names = keys.flatMap((key) => {
-      const name = this.lockName(key);
-      return [name, `${name}:fence`];
-    });
+    const locks = keys.map((key) => this.lockName(key));
+    const names = locks.flatMap((name) => [name, `${name}:fence`]);
     const sentAt = this.closes;
-    for (let i = 0; i < names.length; i += 2) this.stepSent(names[i]!);
-    let overlapped: boolean[] = [];
+    for (const name of locks) this.stepSent(name);
+    let overlapped: boolean[];
     let r: number[];
     try {
       r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
     } finally {
-      overlapped = keys.map((_, i) => this.stepAnswered(names[2 * i]!));
+      overlapped = locks.map((name) => this.stepAnswered(name));
     }
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
     if (this.resent(sentAt)) {
       await Promise.all(
         grants.map(async (g, i) => {
-          if (!overlapped[i]) g.holdCount = await this.countedTwice(names[2 * i]!, owner, g.holdCount, holdsHere?.(owner, keys[i]!, 'exclusive'));
+          if (!overlapped[i]) g.holdCount = await this.countedTwice(locks[i]!, owner, g.holdCount, holdsHere?.(owner, keys[i]!, 'exclusive'));
         }),
       );
     }
