@@ -125,6 +125,40 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the lease to end');
   });
 
+  it('tells the outer handle at once when releases in flight together freed its lock on their second runs', async () => {
+    // Two inner releases in flight across the close: the first ran before it (3 holds to 2), the
+    // second was lost on the way. ioredis sends both again: the first runs twice (2 to 1) and the
+    // second then frees the lock under the outer handle. It cannot be undone (another owner may
+    // have taken the free lock meanwhile), so the outer handle is told at once, not at its next
+    // renewal.
+    const key = 'release:concurrent';
+    const outer = await app.locks.acquire(key, { watchdog: false });
+    const [first, second] = await outer.run(async () => [await app.locks.acquire(key), await app.locks.acquire(key)]);
+    expect(second.holdCount).toBe(3);
+    const seen = events.length;
+    link.hold('from-target');
+    const firstReleased = first.release();
+    let cut = false;
+    try {
+      await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first release run');
+      link.hold('both');
+      const sent = link.bytesFromClients;
+      const secondReleased = second.release();
+      await until(async () => link.bytesFromClients > sent, 10_000, 'the second release sent');
+      link.cut();
+      cut = true;
+      await Promise.all([firstReleased, secondReleased]);
+    } finally {
+      // Never leave the link holding for the next test.
+      if (!cut) link.cut();
+    }
+    expect(outer.signal.aborted).toBe(true);
+    expect((outer.signal.reason as LockLostError).reason).toBe('taken');
+    expect(events.slice(seen).filter((e) => e.key === key).map((e) => e.type)).toEqual(['released', 'lost']);
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    await outer.release();
+  });
+
   it('counts one hold on each key of a multi-key lock', async () => {
     const group = await replyLost(
       () => app.locks.acquire(['many:a', 'many:b']),
@@ -240,17 +274,45 @@ describe('a Cluster lock step whose reply is lost to a dropped node connection',
     return { link: links.get(server.port)!, raw: cluster.node(server) };
   }
 
-  it('counts one hold for an acquisition, and its release leaves nothing behind', async () => {
-    const key = 'cluster:acquire';
+  it.each([
+    ['a plain lock', 'plain', {}, ''],
+    ['a fair lock', 'fair', { fair: true }, ''],
+    ['a read lock', 'read', { mode: 'read' as const }, ':read'],
+    ['a write lock', 'write', { mode: 'write' as const }, ''],
+  ])('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
+    const key = `cluster:acquire:${name}`;
     const node = await nodeOf(key);
     const handle = await stepWithReplyLost(
       [node],
-      () => app.locks.acquire(key),
+      () => app.locks.acquire(key, options),
       async () => (await node.raw.exists(`lock:{${key}}`)) === 1,
     );
     expect(handle.holdCount).toBe(1);
-    expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual({ [handle.owner]: '1' });
+    expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual(expect.objectContaining({ [handle.owner + field]: '1' }));
     await handle.release();
+    expect(await node.raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('hands a lock over to a waiter of the releasing process once: one hold, and nothing left behind', async () => {
+    const key = 'cluster:handover';
+    const node = await nodeOf(key);
+    const holder = await app.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
+    const seen = events.length;
+    await stepWithReplyLost(
+      [node],
+      () => holder.release(),
+      async () => {
+        const fields = Object.keys(await node.raw.hgetall(`lock:{${key}}`));
+        return fields.length === 1 && fields[0] !== holder.owner;
+      },
+    );
+    const handed = await waiting;
+    expect(handed.holdCount).toBe(1);
+    expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual({ [handed.owner]: '1' });
+    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
+    await handed.release();
     expect(await node.raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
