@@ -219,6 +219,9 @@ export function writeReport(r: Results, file: string): void {
   const missed = ['### Where targets are missed, and why', '', ...explainMisses(r, extra), ''];
   out.splice(6, 0, '## Targets', '', '| scenario | target | this run | |', '|---|---|---|---|', ...targets, '', ...missed);
   out.push(...profileSection(extra));
+  // Hand-written notes on earlier runs (bench/earlier-runs.md), kept under the figures of this one.
+  const earlier = join(dirname(file), 'bench', 'earlier-runs.md');
+  if (existsSync(earlier)) out.push('', readFileSync(earlier, 'utf8').trimEnd());
   writeFileSync(file, out.join('\n') + '\n');
 }
 
