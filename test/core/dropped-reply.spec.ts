@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { LockBackendError, LockLostError, type LockEvent } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
@@ -27,6 +27,14 @@ async function stepWithReplyLost<T>(links: { link: Link; raw: Redis }[], step: (
   for (const [i, { raw }] of links.entries()) await until(async () => (await scriptCalls(raw)) - before[i]! >= 2, 10_000, `the step run twice on server ${i}`);
   return value;
 }
+
+/** Each kind of lock a dropped reply is tested with: label, key suffix, options, the suffix of its holder field. */
+const LOCK_KINDS = [
+  ['a plain lock', 'plain', {}, ''],
+  ['a fair lock', 'fair', { fair: true }, ''],
+  ['a read lock', 'read', { mode: 'read' as const }, ':read'],
+  ['a write lock', 'write', { mode: 'write' as const }, ''],
+] as const;
 
 /**
  * A connection that drops after Redis ran a lock step but before its reply arrived. ioredis sends
@@ -57,12 +65,7 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
 
   const holds = (key: string) => raw.hgetall(`lock:{${key}}`);
 
-  it.each([
-    ['a plain lock', 'plain', {}, ''],
-    ['a fair lock', 'fair', { fair: true }, ''],
-    ['a read lock', 'read', { mode: 'read' as const }, ':read'],
-    ['a write lock', 'write', { mode: 'write' as const }, ''],
-  ])('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
+  it.each(LOCK_KINDS)('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
     const key = `acquire:${name}`;
     const handle = await replyLost(
       () => app.locks.acquire(key, options),
@@ -123,6 +126,34 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await holds(key)).toEqual({ [outer.owner]: '1' });
     // Nothing renews it any more: it ends with its lease.
     await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the lease to end');
+  });
+
+  it('counts one hold for an acquisition in flight together with another owner\'s attempt on the same lock', async () => {
+    // Steps of another owner never change this owner's hold count, so they do not stop the
+    // correction: the acquisition that ran twice gives its second hold back, and the lock is free
+    // at its release, not held on until its lease ends.
+    const key = 'acquire:contended';
+    link.hold('from-target');
+    const first = app.locks.acquire(key);
+    let cut = false;
+    let other: Promise<unknown> | undefined;
+    try {
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 1, 10_000, 'the acquisition run');
+      link.hold('both');
+      const sent = link.bytesFromClients;
+      other = app.locks.acquire(key, { waitMs: 0 });
+      await until(async () => link.bytesFromClients > sent, 10_000, 'the other attempt sent');
+      link.cut();
+      cut = true;
+    } finally {
+      if (!cut) link.cut();
+    }
+    const handle = await first;
+    await expect(other).rejects.toBeInstanceOf(LockNotAcquiredError);
+    expect(handle.holdCount).toBe(1);
+    expect(await holds(key)).toEqual({ [handle.owner]: '1' });
+    await handle.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
   it('tells the outer handle at once when releases in flight together freed its lock on their second runs', async () => {
@@ -274,12 +305,7 @@ describe('a Cluster lock step whose reply is lost to a dropped node connection',
     return { link: links.get(server.port)!, raw: cluster.node(server) };
   }
 
-  it.each([
-    ['a plain lock', 'plain', {}, ''],
-    ['a fair lock', 'fair', { fair: true }, ''],
-    ['a read lock', 'read', { mode: 'read' as const }, ':read'],
-    ['a write lock', 'write', { mode: 'write' as const }, ''],
-  ])('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
+  it.each(LOCK_KINDS)('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
     const key = `cluster:acquire:${name}`;
     const node = await nodeOf(key);
     const handle = await stepWithReplyLost(

@@ -91,8 +91,9 @@ export class RedisLockStore implements LockStore {
     node.on('close', this.connectionClosed);
   };
   /**
-   * The steps of each lock (by name) in flight: twice their number, plus 1 once two of them were in
-   * flight together (a number, not an object: this runs on every step). See `countedTwice`.
+   * The steps of each holder field of each lock in flight (keyed by `stepKey`): twice their number,
+   * plus 1 once two of them were in flight together (a number, not an object: this runs on every
+   * step). See `countedTwice`.
    */
   private readonly inFlight = new Map<string, number>();
 
@@ -183,7 +184,9 @@ export class RedisLockStore implements LockStore {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
     const sentAt = this.closes;
-    this.stepSent(name);
+    const field = holderField(owner, mode);
+    const step = stepKey(name, field);
+    this.stepSent(step);
     let overlapped: boolean;
     let r: number[];
     try {
@@ -202,12 +205,12 @@ export class RedisLockStore implements LockStore {
         r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
       }
     } finally {
-      overlapped = this.stepAnswered(name);
+      overlapped = this.stepAnswered(step);
     }
     if (Number(r[0]) === -1) return { granted: false, ttlMs: -1, upgrade: true };
     if (Number(r[0]) !== 1) return r.length > 2 ? { granted: false, ttlMs: Number(r[1]), lastToken: Number(r[2]) } : { granted: false, ttlMs: Number(r[1]) };
     let holdCount = Number(r[1]);
-    if (this.resent(sentAt) && !overlapped) holdCount = await this.countedTwice(name, holderField(owner, mode), holdCount, holdsHere?.(owner, key, mode));
+    if (this.resent(sentAt) && !overlapped) holdCount = await this.countedTwice(name, field, holdCount, holdsHere?.(owner, key, mode));
     if (this.replication) await this.confirmGrants(key, [{ key, holdCount }], owner, mode);
     return { granted: true, holdCount, fencingToken: Number(r[2]) };
   }
@@ -275,13 +278,14 @@ export class RedisLockStore implements LockStore {
     const locks = keys.map((key) => this.lockName(key));
     const names = locks.flatMap((name) => [name, `${name}:fence`]);
     const sentAt = this.closes;
-    for (const name of locks) this.stepSent(name);
+    const steps = locks.map((name) => stepKey(name, owner));
+    for (const step of steps) this.stepSent(step);
     let overlapped: boolean[];
     let r: number[];
     try {
       r = ((await scripts.acquireMany.run(this.client, names, [owner, leaseMs, this.grantFenceTtlMs])) as unknown[]).map(Number);
     } finally {
-      overlapped = locks.map((name) => this.stepAnswered(name));
+      overlapped = steps.map((step) => this.stepAnswered(step));
     }
     if (r[0] === 0) return { granted: false, blockedBy: keys[r[1]! - 1]!, ttlMs: r[2]! };
     const grants = keys.map((_, i) => ({ holdCount: r[1 + 2 * i]!, fencingToken: r[2 + 2 * i]! }));
@@ -299,7 +303,9 @@ export class RedisLockStore implements LockStore {
   async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
     const name = this.lockName(key);
     const sentAt = this.closes;
-    this.stepSent(name);
+    const field = holderField(owner, mode);
+    const step = stepKey(name, field);
+    this.stepSent(step);
     let left: number;
     try {
       if (mode === 'exclusive') {
@@ -332,12 +338,12 @@ export class RedisLockStore implements LockStore {
           left = 0;
         } else left = Number(reply);
       } else {
-        left = Number(await scripts.releaseRw.run(this.client, [name], [holderField(owner, mode), name, this.publish]));
+        left = Number(await scripts.releaseRw.run(this.client, [name], [field, name, this.publish]));
       }
     } finally {
-      this.stepAnswered(name);
+      this.stepAnswered(step);
     }
-    if (this.resent(sentAt)) left = await this.droppedTwice(name, holderField(owner, mode), left, holdsHere?.(owner, key, mode));
+    if (this.resent(sentAt)) left = await this.droppedTwice(name, field, left, holdsHere?.(owner, key, mode));
     if (this.replication && left >= 0) await this.confirmQuietly(`release of "${key}"`);
     return left;
   }
@@ -352,21 +358,21 @@ export class RedisLockStore implements LockStore {
     return this.closes !== sentAt;
   }
 
-  /** A step of the lock `name` is sent (see `inFlight`). */
-  private stepSent(name: string): void {
-    const entry = this.inFlight.get(name);
-    this.inFlight.set(name, entry === undefined ? 2 : (entry + 2) | 1);
+  /** A step of one holder field of a lock (`stepKey`) is sent (see `inFlight`). */
+  private stepSent(step: string): void {
+    const entry = this.inFlight.get(step);
+    this.inFlight.set(step, entry === undefined ? 2 : (entry + 2) | 1);
   }
 
   /**
-   * A step of the lock `name` is answered: whether another step of that lock was in flight together
-   * with it (the mark stays while any step of the lock is in flight, so a step sent after one that
-   * overlapped others, while they are in flight, overlaps too).
+   * A step of one holder field of a lock (`stepKey`) is answered: whether another step of that field
+   * was in flight together with it (the mark stays while any step of the field is in flight, so a
+   * step sent after one that overlapped others, while they are in flight, overlaps too).
    */
-  private stepAnswered(name: string): boolean {
-    const entry = this.inFlight.get(name)!;
-    if (entry < 4) this.inFlight.delete(name);
-    else this.inFlight.set(name, entry - 2);
+  private stepAnswered(step: string): boolean {
+    const entry = this.inFlight.get(step)!;
+    if (entry < 4) this.inFlight.delete(step);
+    else this.inFlight.set(step, entry - 2);
     return (entry & 1) === 1;
   }
 
@@ -375,10 +381,14 @@ export class RedisLockStore implements LockStore {
    * caller had `before` holds (undefined: it cannot know). Any hold beyond `before + 1` is the
    * first run's (other processes do not share the owner, and earlier steps of this connection have
    * all answered): one is given back. Not called for a step that was in flight together with
-   * another step of the same lock (`inFlight`): Redis's count then also holds the other steps' first
-   * runs, or not, and this process's count may not have caught up with their replies, so a hold
-   * given back could be one that is held. The lock then keeps a hold too many, and outlives its
-   * last release until its lease ends, rather than one too few, which would free it under a holder.
+   * another step of the same holder field (`inFlight`): Redis's count then also holds the other
+   * steps' first runs, or not, and this process's count may not have caught up with their replies,
+   * so a hold given back could be one that is held. The lock then keeps a hold too many, and
+   * outlives its last release until its lease ends, rather than one too few, which would free it
+   * under a holder. Steps of other fields (other owners, or the read side of this one) do not count:
+   * no step changes another field's holds, except a release that hands a free lock over, which sets
+   * the new holder's field to 1 where it had none; an attempt of that holder then reads 1 (taking the
+   * grant) unless it ran twice.
    */
   private async countedTwice(name: string, field: string, holdCount: number, before: number | undefined): Promise<number> {
     if (before === undefined || holdCount <= before + 1) return holdCount;
@@ -598,6 +608,14 @@ export class RedisLockStore implements LockStore {
     this.subscriber = sub;
     return sub;
   }
+}
+
+/**
+ * What `inFlight` counts steps by: a lock's name and one holder field. A name ends with the closing
+ * brace of its hash tag and no key contains a brace, so different pairs never join to the same string.
+ */
+function stepKey(name: string, field: string): string {
+  return name + field;
 }
 
 /** The hash field that holds `owner`'s holds in `mode` (see lock.scripts.ts). */
