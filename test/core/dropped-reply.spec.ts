@@ -156,6 +156,38 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('counts one hold for a fair waiter whose attempt took a grant that a release in flight with it had handed over', async () => {
+    // The one step that changes another owner's holds: a release that hands the lock over sets the
+    // waiter's count to 1. Here the release runs, the waiter (who missed the message: the proxy holds
+    // everything back) takes the grant with its next attempt, and both are sent again: the release
+    // finds nothing, and the attempt re-enters (2 holds). The attempt was in flight only with another
+    // owner's step, so it gives the second hold back.
+    const key = 'fair:handed-while-in-flight';
+    const holder = await app.locks.acquire(key, { fair: true });
+    // A lease of 1 s: the waiter attempts again at least every 500 ms.
+    const waiting = app.locks.acquire(key, { fair: true, leaseMs: 1_000, waitMs: 30_000 });
+    await until(async () => asleep(app, key) === 1 && (await raw.llen(`lock:{${key}}:queue`)) === 1, 10_000, 'the waiter queued');
+    const seen = events.length;
+    link.hold('from-target');
+    const released = holder.release();
+    let cut = false;
+    try {
+      await until(async () => (await holds(key))[':handed'] !== undefined, 10_000, 'the handover');
+      await until(async () => (await holds(key))[':handed'] === undefined, 10_000, 'the waiter taking the grant');
+      link.cut();
+      cut = true;
+    } finally {
+      if (!cut) link.cut();
+    }
+    await released;
+    const handle = await waiting;
+    expect(handle.holdCount).toBe(1);
+    expect(await holds(key)).toEqual({ [handle.owner]: '1' });
+    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
+    await handle.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
   it('tells the outer handle at once when releases in flight together freed its lock on their second runs', async () => {
     // Two inner releases in flight across the close: the first ran before it (3 holds to 2), the
     // second was lost on the way. ioredis sends both again: the first runs twice (2 to 1) and the

@@ -388,7 +388,8 @@ export class RedisLockStore implements LockStore {
    * under a holder. Steps of other fields (other owners, or the read side of this one) do not count:
    * no step changes another field's holds, except a release that hands a free lock over, which sets
    * the new holder's field to 1 where it had none; an attempt of that holder then reads 1 (taking the
-   * grant) unless it ran twice.
+   * grant) unless it ran twice (tested in dropped-reply.spec: a fair waiter's attempt that took the
+   * grant of a release in flight with it).
    */
   private async countedTwice(name: string, field: string, holdCount: number, before: number | undefined): Promise<number> {
     if (before === undefined || holdCount <= before + 1) return holdCount;
