@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
@@ -26,6 +26,18 @@ async function stepWithReplyLost<T>(links: { link: Link; raw: Redis }[], step: (
   // A Redlock step returns once a quorum answered: the last node may run it again only after that.
   for (const [i, { raw }] of links.entries()) await until(async () => (await scriptCalls(raw)) - before[i]! >= 2, 10_000, `the step run twice on server ${i}`);
   return value;
+}
+
+/**
+ * A lock handed over once from `holderOwner`: the new holder has one hold and is alone in Redis, the
+ * old holder's events since the step are one `released`, and the new holder's release leaves nothing.
+ */
+async function handedOnce(handed: LockHandle, holderOwner: string, since: LockEvent[], raw: Redis, key: string): Promise<void> {
+  expect(handed.holdCount).toBe(1);
+  expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [handed.owner]: '1' });
+  expect(since.filter((e) => e.key === key && e.owner === holderOwner).map((e) => e.type)).toEqual(['released']);
+  await handed.release();
+  expect(await raw.exists(`lock:{${key}}`)).toBe(0);
 }
 
 /** Each kind of lock a dropped reply is tested with: label, key suffix, options, the suffix of its holder field. */
@@ -180,12 +192,7 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
       if (!cut) link.cut();
     }
     await released;
-    const handle = await waiting;
-    expect(handle.holdCount).toBe(1);
-    expect(await holds(key)).toEqual({ [handle.owner]: '1' });
-    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
-    await handle.release();
-    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    await handedOnce(await waiting, holder.owner, events.slice(seen), raw, key);
   });
 
   it('tells the outer handle at once when releases in flight together freed its lock on their second runs', async () => {
@@ -297,12 +304,7 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
         return fields.length === 1 && fields[0] !== holder.owner;
       },
     );
-    const handed = await waiting;
-    expect(handed.holdCount).toBe(1);
-    expect(await holds(key)).toEqual({ [handed.owner]: '1' });
-    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
-    await handed.release();
-    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    await handedOnce(await waiting, holder.owner, events.slice(seen), raw, key);
   });
 });
 
@@ -366,12 +368,7 @@ describe('a Cluster lock step whose reply is lost to a dropped node connection',
         return fields.length === 1 && fields[0] !== holder.owner;
       },
     );
-    const handed = await waiting;
-    expect(handed.holdCount).toBe(1);
-    expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual({ [handed.owner]: '1' });
-    expect(events.slice(seen).filter((e) => e.key === key && e.owner === holder.owner).map((e) => e.type)).toEqual(['released']);
-    await handed.release();
-    expect(await node.raw.exists(`lock:{${key}}`)).toBe(0);
+    await handedOnce(await waiting, holder.owner, events.slice(seen), node.raw, key);
   });
 
   it('releases the last hold as released, not lost', async () => {
