@@ -353,6 +353,24 @@ describe('a Cluster lock step whose reply is lost to a dropped node connection',
     expect(await node.raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('counts one hold on each key of a multi-key lock whose keys share a slot', async () => {
+    // Keys in one slot are taken in one script on their node (keys in several are taken one by one).
+    const first = 'cluster:many:0';
+    let n = 1;
+    while (keySlot(`cluster:many:${n}`) !== keySlot(first)) n++;
+    const keys = [first, `cluster:many:${n}`];
+    const node = await nodeOf(first);
+    const group = await stepWithReplyLost(
+      [node],
+      () => app.locks.acquire(keys),
+      async () => (await node.raw.exists(...keys.map((k) => `lock:{${k}}`))) === 2,
+    );
+    expect(group.handles.map((h) => h.holdCount)).toEqual([1, 1]);
+    for (const key of keys) expect(await node.raw.hgetall(`lock:{${key}}`)).toEqual({ [group.owner]: '1' });
+    await group.release();
+    expect(await node.raw.exists(...keys.map((k) => `lock:{${k}}`))).toBe(0);
+  });
+
   it('hands a lock over to a waiter of the releasing process once: one hold, and nothing left behind', async () => {
     const key = 'cluster:handover';
     const node = await nodeOf(key);
