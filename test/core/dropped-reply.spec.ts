@@ -40,6 +40,30 @@ async function handedOnce(handed: LockHandle, holderOwner: string, since: LockEv
   expect(await raw.exists(`lock:{${key}}`)).toBe(0);
 }
 
+/**
+ * Two steps in flight together across a dropped connection: `first` runs in Redis (`ran` sees it)
+ * with its reply held back, then `second` is sent and lost on the way (the proxy passes nothing
+ * more); then every connection is cut, so ioredis sends both again. Resolves to the two steps'
+ * promises, each already handled (a rejection waits for the caller's await).
+ */
+async function firstRunSecondLost<A, B>(link: Link, first: () => Promise<A>, ran: () => Promise<boolean>, second: () => Promise<B>): Promise<[Promise<A>, Promise<B>]> {
+  link.hold('from-target');
+  const a = first();
+  a.catch(() => undefined);
+  try {
+    await until(ran, 10_000, 'the first step run');
+    link.hold('both');
+    const sent = link.bytesFromClients;
+    const b = second();
+    b.catch(() => undefined);
+    await until(async () => link.bytesFromClients > sent, 10_000, 'the second step sent');
+    return [a, b];
+  } finally {
+    // Never leave the link holding for the next test.
+    link.cut();
+  }
+}
+
 /** Each kind of lock a dropped reply is tested with: label, key suffix, options, the suffix of its holder field. */
 const LOCK_KINDS = [
   ['a plain lock', 'plain', {}, ''],
@@ -112,26 +136,13 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     const key = 'reenter:concurrent';
     const outer = await app.locks.acquire(key, { leaseMs: 1_000, watchdog: false });
     await outer.run(async () => {
-      link.hold('from-target');
-      const first = app.locks.acquire(key, { leaseMs: 1_000, watchdog: false });
-      let cut = false;
-      try {
-        await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first re-entry run');
-        link.hold('both');
-        const sent = link.bytesFromClients;
-        const second = app.locks.acquire(key, { leaseMs: 1_000, watchdog: false });
-        await until(async () => link.bytesFromClients > sent, 10_000, 'the second re-entry sent');
-        link.cut();
-        cut = true;
-        const [a, b] = await Promise.all([first, second]);
-        expect(await holds(key)).toEqual({ [outer.owner]: '4' });
-        await b.release();
-        await a.release();
-        expect(await holds(key)).toEqual({ [outer.owner]: '2' });
-      } finally {
-        // Never leave the link holding for the next test.
-        if (!cut) link.cut();
-      }
+      const reenter = () => app.locks.acquire(key, { leaseMs: 1_000, watchdog: false });
+      const steps = await firstRunSecondLost(link, reenter, async () => (await holds(key))[outer.owner] === '2', reenter);
+      const [a, b] = await Promise.all(steps);
+      expect(await holds(key)).toEqual({ [outer.owner]: '4' });
+      await b.release();
+      await a.release();
+      expect(await holds(key)).toEqual({ [outer.owner]: '2' });
     });
     expect(outer.signal.aborted).toBe(false);
     await outer.release();
@@ -145,21 +156,12 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     // correction: the acquisition that ran twice gives its second hold back, and the lock is free
     // at its release, not held on until its lease ends.
     const key = 'acquire:contended';
-    link.hold('from-target');
-    const first = app.locks.acquire(key);
-    let cut = false;
-    let other: Promise<unknown> | undefined;
-    try {
-      await until(async () => (await raw.exists(`lock:{${key}}`)) === 1, 10_000, 'the acquisition run');
-      link.hold('both');
-      const sent = link.bytesFromClients;
-      other = app.locks.acquire(key, { waitMs: 0 });
-      await until(async () => link.bytesFromClients > sent, 10_000, 'the other attempt sent');
-      link.cut();
-      cut = true;
-    } finally {
-      if (!cut) link.cut();
-    }
+    const [first, other] = await firstRunSecondLost(
+      link,
+      () => app.locks.acquire(key),
+      async () => (await raw.exists(`lock:{${key}}`)) === 1,
+      () => app.locks.acquire(key, { waitMs: 0 }),
+    );
     const handle = await first;
     await expect(other).rejects.toBeInstanceOf(LockNotAcquiredError);
     expect(handle.holdCount).toBe(1);
@@ -214,22 +216,14 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     const [first, second] = await outer.run(async () => [await app.locks.acquire(key), await app.locks.acquire(key)]);
     expect(second.holdCount).toBe(3);
     const seen = events.length;
-    link.hold('from-target');
-    const firstReleased = first.release();
-    let cut = false;
-    try {
-      await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first release run');
-      link.hold('both');
-      const sent = link.bytesFromClients;
-      const secondReleased = second.release();
-      await until(async () => link.bytesFromClients > sent, 10_000, 'the second release sent');
-      link.cut();
-      cut = true;
-      await Promise.all([firstReleased, secondReleased]);
-    } finally {
-      // Never leave the link holding for the next test.
-      if (!cut) link.cut();
-    }
+    await Promise.all(
+      await firstRunSecondLost(
+        link,
+        () => first.release(),
+        async () => (await holds(key))[outer.owner] === '2',
+        () => second.release(),
+      ),
+    );
     expect(outer.signal.aborted).toBe(true);
     expect((outer.signal.reason as LockLostError).reason).toBe('taken');
     expect(events.slice(seen).filter((e) => e.key === key).map((e) => e.type)).toEqual(['released', 'lost']);
