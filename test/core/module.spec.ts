@@ -274,6 +274,37 @@ describe('LockModule', () => {
     }
   });
 
+  it('shuts down while Redis does not answer: close() gives up on the releases instead of waiting for ever', async () => {
+    const server = await RedisServer.start();
+    const app = await startLockApp({ redis: server.url });
+    try {
+      const lock = await app.locks.acquire('shutdown:frozen');
+      const contended = nextEvents(app.locks.events$, 'contended', 1);
+      const waiting = app.locks.acquire('shutdown:frozen', { waitMs: 60_000 }).then(
+        () => 'granted',
+        (e: unknown) => String(e),
+      );
+      await contended;
+      server.pause();
+      // Without its bound, close() would wait for the release's reply, which never comes. It allows
+      // 2 s for the releases and 1 s for the connection to quit; 15 s means it waits for ever.
+      let deadline: NodeJS.Timeout | undefined;
+      const closed = await Promise.race([
+        app.close().then(() => 'closed'),
+        new Promise((resolve) => (deadline = setTimeout(() => resolve('still closing after 15 s'), 15_000))),
+      ]);
+      clearTimeout(deadline);
+      expect(closed).toBe('closed');
+      expect((lock.signal.reason as LockLostError).reason).toBe('shutdown');
+      expect(await waiting).toMatch(/^LockBackendError: Cannot acquire "shutdown:frozen": the lock module has shut down/);
+      expect(server.running).toBe(true);
+    } finally {
+      server.resume();
+      await app.close();
+      await server.stop();
+    }
+  });
+
   it('never closes a client the application passed in', async () => {
     const own = new Redis(redis.url);
     const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own })] }).compile();
