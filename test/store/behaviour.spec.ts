@@ -205,6 +205,28 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('behaviour on 
     expect(balanceA).toBe(100);
   });
 
+  it('releases a lock and a multi-key group held with `await using` when the block ends, even when it throws', async () => {
+    const held = async (): Promise<boolean[]> => Promise.all(['b:using', 'b:using:1', 'b:using:2'].map((key) => app.locks.isLocked(key)));
+    {
+      await using lock = await app.locks.acquire('b:using');
+      await using group = await app.locks.acquire(['b:using:1', 'b:using:2']);
+      expect([lock.isHeld, group.isHeld]).toEqual([true, true]);
+      expect(await held()).toEqual([true, true, true]);
+    }
+    expect(await held()).toEqual([false, false, false]);
+    await expect(
+      (async () => {
+        await using lock = await app.locks.acquire('b:using');
+        expect(lock.isHeld).toBe(true);
+        throw new Error('the work failed');
+      })(),
+    ).rejects.toThrow('the work failed');
+    // Free for another owner at once, not only once its lease ends.
+    const next = await app.locks.tryAcquire('b:using');
+    expect(next).not.toBeNull();
+    await next!.release();
+  });
+
   it('aborts a holder\'s signal when its lock is force-unlocked', async () => {
     const lock = await app.locks.acquire('b:force');
     expect(await app.locks.forceUnlock('b:force')).toBe(true);
