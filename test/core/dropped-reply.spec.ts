@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
@@ -316,18 +316,27 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
  * key are held back, then its connections cut. The Cluster client fails the commands in flight on a
  * closed node connection and sends them again on a new one.
  */
-describe('a Cluster lock step whose reply is lost to a dropped node connection', () => {
+describe.each([
+  ['node connections replaced by the Cluster client (the default)', {}, false],
+  ['node connections that reconnect themselves (clusterNodeRetryStrategy)', { clusterNodeRetryStrategy: () => 50 }, true],
+] as const)('a Cluster lock step whose reply is lost to a dropped node connection, %s', (_, clusterOptions, reconnectsItself) => {
   let cluster: RedisCluster;
   let links: Map<number, Link>;
   let app: LockApp;
   const events: LockEvent[] = [];
+  /** How often a node connection of the app's Cluster client reconnected itself. */
+  let reconnects = 0;
   beforeAll(async () => {
     cluster = await RedisCluster.start(3);
     links = new Map();
     for (const server of cluster.servers) links.set(server.port, await tcpProxy(server.port));
     const natMap = Object.fromEntries([...links].map(([port, link]) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: link.port }]));
-    app = await startLockApp({ redis: { cluster: [...links.values()].map((l) => ({ host: '127.0.0.1', port: l.port })), options: { natMap } } });
+    app = await startLockApp({ redis: { cluster: [...links.values()].map((l) => ({ host: '127.0.0.1', port: l.port })), options: { natMap, ...clusterOptions } } });
     app.locks.events$.subscribe((e) => events.push(e));
+    const client = (app.locks as unknown as { store: { client: Cluster } }).store.client;
+    const watch = (node: Redis) => node.on('reconnecting', () => reconnects++);
+    client.nodes().forEach(watch);
+    client.on('+node', watch);
   });
   afterAll(async () => {
     await app?.close();
@@ -403,6 +412,10 @@ describe('a Cluster lock step whose reply is lost to a dropped node connection',
     );
     expect(events.slice(seen).filter((e) => e.key === key).map((e) => e.type)).toEqual(['released']);
     expect(handle.signal.aborted).toBe(false);
+  });
+
+  it(`sent the steps again on ${reconnectsItself ? 'the node connection that dropped, once it reconnected' : 'new node connections'}`, () => {
+    expect(reconnects > 0).toBe(reconnectsItself);
   });
 });
 
