@@ -532,6 +532,7 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     const once = JSON.stringify([0, 1, 2].map(() => ({ [handle.owner]: '1' })));
     await until(async () => JSON.stringify(await everywhere(key)) === once, 10_000, 'one hold on every node');
     await handle.release();
-    expect(await everywhere(key)).toEqual([{}, {}, {}]);
+    // The release returns once two nodes answered: the third may run it a moment later.
+    await until(async () => JSON.stringify(await everywhere(key)) === '[{},{},{}]', 10_000, 'nothing left on any node');
   });
 });
