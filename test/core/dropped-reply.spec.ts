@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import type { Cluster, Redis } from 'ioredis';
+import { Cluster, type Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
@@ -310,6 +310,13 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
   });
 });
 
+/** Whether this ioredis lets a Cluster's node connections reconnect themselves (`clusterNodeRetryStrategy`, ioredis 5.10 and later). */
+function clusterNodesReconnect(): boolean {
+  const probe = new Cluster([], { lazyConnect: true });
+  probe.disconnect();
+  return 'clusterNodeRetryStrategy' in probe.options;
+}
+
 /**
  * The same on a Redis Cluster: the app reaches every node through a proxy (ioredis's `natMap` turns
  * the addresses the nodes announce into the proxies'), and the replies of the node that serves the
@@ -317,9 +324,10 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
  * closed node connection and sends them again on a new one.
  */
 describe.each([
-  ['node connections replaced by the Cluster client (the default)', {}, false],
-  ['node connections that reconnect themselves (clusterNodeRetryStrategy)', { clusterNodeRetryStrategy: () => 50 }, true],
-] as const)('a Cluster lock step whose reply is lost to a dropped node connection, %s', (_, clusterOptions, reconnectsItself) => {
+  ['node connections replaced by the Cluster client (the default)', {}, false] as const,
+  // The option is newer than the oldest ioredis 5 the package accepts (the Nest 11 run has none).
+  ...(clusterNodesReconnect() ? [['node connections that reconnect themselves (clusterNodeRetryStrategy)', { clusterNodeRetryStrategy: () => 50 }, true] as const] : []),
+])('a Cluster lock step whose reply is lost to a dropped node connection, %s', (_, clusterOptions, reconnectsItself) => {
   let cluster: RedisCluster;
   let links: Map<number, Link>;
   let app: LockApp;

@@ -31,6 +31,15 @@ describe('LockModule', () => {
     expect(ioredis.version.split('.')[0]).toBe(legacy ? '5' : '6');
   });
 
+  it('runs on Nest 11 with the oldest ioredis 5 the package accepts', async () => {
+    // The peer range's floor is the version this suite runs on, so a feature newer than it shows here.
+    const own = (await import('../../package.json', { with: { type: 'json' } })).default as { peerDependencies: Record<string, string> };
+    const floor = /\^(5\.\d+\.\d+)/.exec(own.peerDependencies['ioredis']!)?.[1];
+    const ioredis = (await import('ioredis/package.json', { with: { type: 'json' } })).default as { version: string };
+    if (process.env.NEST_MAJOR === '11') expect(ioredis.version).toBe(floor);
+    else expect(floor).toBeDefined();
+  });
+
   const compile = (options: unknown) =>
     Test.createTestingModule({ imports: [LockModule.forRoot(options as LockModuleOptions)] })
       .setLogger(new CapturingLogger())
