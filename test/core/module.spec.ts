@@ -31,13 +31,18 @@ describe('LockModule', () => {
     expect(ioredis.version.split('.')[0]).toBe(legacy ? '5' : '6');
   });
 
-  it('runs on Nest 11 with the oldest ioredis 5 the package accepts', async () => {
-    // The peer range's floor is the version this suite runs on, so a feature newer than it shows here.
+  it('runs on Nest 11 with the oldest Nest 11 and ioredis 5 the package accepts', async () => {
+    // The Nest 11 run uses the floor of each peer range, so a feature newer than the floor shows there
+    // (the Nest 12 run, and the packaging test's apps, use the newest releases).
     const own = (await import('../../package.json', { with: { type: 'json' } })).default as { peerDependencies: Record<string, string> };
-    const floor = /\^(5\.\d+\.\d+)/.exec(own.peerDependencies['ioredis']!)?.[1];
-    const ioredis = (await import('ioredis/package.json', { with: { type: 'json' } })).default as { version: string };
-    if (process.env.NEST_MAJOR === '11') expect(ioredis.version).toBe(floor);
-    else expect(floor).toBeDefined();
+    const peers = { '@nestjs/common': '11', '@nestjs/core': '11', '@nestjs/microservices': '11', '@nestjs/websockets': '11', ioredis: '5' };
+    for (const [name, major] of Object.entries(peers)) {
+      const floor = new RegExp(`\\^(${major}\\.\\d+\\.\\d+)`).exec(own.peerDependencies[name]!)?.[1];
+      expect([name, floor]).toEqual([name, expect.stringMatching(/^\d+\.\d+\.\d+$/)]);
+      if (process.env.NEST_MAJOR !== '11') continue;
+      const installed = (await import(`${name}/package.json`, { with: { type: 'json' } })).default as { version: string };
+      expect([name, installed.version]).toEqual([name, floor]);
+    }
   });
 
   const compile = (options: unknown) =>
