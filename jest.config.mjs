@@ -1,6 +1,7 @@
 // Jest in native ESM mode (Nest 12 is ESM-only), TypeScript transformed by @swc/jest.
-// NEST_MAJOR=11 sends every @nestjs/* import (and ioredis) to compat/nest11, so the same suite runs
-// on Nest 11 + ioredis 5 as well as on Nest 12 + ioredis 6.
+// NEST_MAJOR=11 sends every @nestjs/* import (and ioredis, rxjs, reflect-metadata) to compat/nest11, so
+// the same suite runs on the oldest releases the peer ranges accept (Nest 11.0.0, ioredis 5.9.0, rxjs
+// 7.2.0, reflect-metadata 0.1.13) as well as on the newest (Nest 12, ioredis 6).
 import { swcOptions } from './scripts/compile-ts.mjs';
 
 const legacy = process.env.NEST_MAJOR === '11';
@@ -25,6 +26,10 @@ export default {
           '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io)/(.*)$': `${compat}/@nestjs/$1/$2`,
           '^ioredis$': `${compat}/ioredis`,
           '^ioredis/(.*)$': `${compat}/ioredis/$1`,
+          '^rxjs$': `${compat}/rxjs`,
+          '^rxjs/(.*)$': `${compat}/rxjs/$1`,
+          '^reflect-metadata$': `${compat}/reflect-metadata`,
+          '^reflect-metadata/(.*)$': `${compat}/reflect-metadata/$1`,
         }
       : {}),
     '^(\\.{1,2}/.*)\\.js$': '$1',

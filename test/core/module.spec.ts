@@ -31,11 +31,11 @@ describe('LockModule', () => {
     expect(ioredis.version.split('.')[0]).toBe(legacy ? '5' : '6');
   });
 
-  it('runs on Nest 11 with the oldest Nest 11 and ioredis 5 the package accepts', async () => {
+  it('runs on Nest 11 with the oldest Nest 11, ioredis 5, rxjs and reflect-metadata the package accepts', async () => {
     // The Nest 11 run uses the floor of each peer range, so a feature newer than the floor shows there
     // (the Nest 12 run, and the packaging test's apps, use the newest releases).
     const own = (await import('../../package.json', { with: { type: 'json' } })).default as { peerDependencies: Record<string, string> };
-    const peers = { '@nestjs/common': '11', '@nestjs/core': '11', '@nestjs/microservices': '11', '@nestjs/websockets': '11', ioredis: '5' };
+    const peers = { '@nestjs/common': '11', '@nestjs/core': '11', '@nestjs/microservices': '11', '@nestjs/websockets': '11', ioredis: '5', rxjs: '7', 'reflect-metadata': '0' };
     for (const [name, major] of Object.entries(peers)) {
       const floor = new RegExp(`\\^(${major}\\.\\d+\\.\\d+)`).exec(own.peerDependencies[name]!)?.[1];
       expect([name, floor]).toEqual([name, expect.stringMatching(/^\d+\.\d+\.\d+$/)]);
