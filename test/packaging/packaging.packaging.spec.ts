@@ -66,7 +66,7 @@ describe('the packed package in fresh apps', () => {
     expect(files.some((f) => f.includes('node_modules') || f.includes('ioredis'))).toBe(false);
     const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { dependencies?: object; peerDependencies: Record<string, string> };
     expect(manifest.dependencies ?? {}).toEqual({});
-    expect(manifest.peerDependencies).toMatchObject({ '@nestjs/common': '^11.0.0 || ^12.0.0', '@nestjs/core': '^11.0.0 || ^12.0.0', ioredis: '^5.0.0 || ^6.0.0' });
+    expect(manifest.peerDependencies).toMatchObject({ '@nestjs/common': '^11.0.0 || ^12.0.0', '@nestjs/core': '^11.0.0 || ^12.0.0', ioredis: '^5.9.0 || ^6.0.0', rxjs: '^7.2.0' });
   });
 
   for (const app of ['nest11-cjs', 'nest12-esm']) {
