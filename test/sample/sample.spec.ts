@@ -1,9 +1,12 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { LockService } from '../../lib/index.js';
 import { CapturingLogger, nextEvent } from '../support/lock-testing.js';
-import { RedisServer } from '../support/redis-server.js';
+import { freePort, RedisServer } from '../support/redis-server.js';
 
 // The demo's job fires every 5 s; every second here, set before the sample is loaded.
 process.env.SAMPLE_INTEREST_CRON = '* * * * * *';
@@ -102,6 +105,93 @@ describe('sample app without any Redis (in-process store)', () => {
       expect(app.get(LockService).settings.store).toBe('memory');
     } finally {
       await app.close();
+    }
+  });
+});
+
+/**
+ * A command of the README's, run as a user runs it: its own process group (so that the instances it
+ * starts go with it), its output kept, and `line(pattern)` resolving when a line of it matches.
+ */
+class Command {
+  private readonly child: ChildProcess;
+  private output = '';
+  private readonly waits: { pattern: RegExp; resolve: () => void }[] = [];
+  readonly exited: Promise<number | null>;
+
+  constructor(args: string[], env: Record<string, string>) {
+    const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+    this.child = spawn(process.execPath, args, { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    const read = (chunk: Buffer) => {
+      this.output += chunk.toString();
+      for (const wait of [...this.waits]) if (wait.pattern.test(this.output)) (this.waits.splice(this.waits.indexOf(wait), 1), wait.resolve());
+    };
+    this.child.stdout!.on('data', read);
+    this.child.stderr!.on('data', read);
+    this.exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
+  }
+
+  /** Resolves once the output matches `pattern`; fails (with the output) if the command exits first or after 60 s. */
+  line(pattern: RegExp): Promise<void> {
+    if (pattern.test(this.output)) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no ${pattern} within 60 s:\n${this.output}`)), 60_000);
+      this.waits.push({ pattern, resolve: () => (clearTimeout(timer), resolve()) });
+      void this.exited.then((code) => (clearTimeout(timer), reject(new Error(`exited (${code}) before ${pattern}:\n${this.output}`))));
+    });
+  }
+
+  /** Sends `signal` to the whole process group. */
+  signal(signal: NodeJS.Signals): void {
+    try {
+      process.kill(-this.child.pid!, signal);
+    } catch {
+      // already gone
+    }
+  }
+}
+
+describe('the demo as the README starts it', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('npm run sample: builds, starts instances A and B on one Redis, which share accounts and locks; Ctrl-C stops both', async () => {
+    const a = await freePort();
+    let b = await freePort();
+    while (b === a) b = await freePort();
+    const demo = new Command(['scripts/sample.mjs'], { REDIS_URL: redis.url, PORT_A: String(a), PORT_B: String(b) });
+    try {
+      await demo.line(new RegExp(`\\[A\\] instance A listening on http://127\\.0\\.0\\.1:${a} \\(locks in ${redis.url}\\)`));
+      await demo.line(new RegExp(`\\[B\\] instance B listening on http://127\\.0\\.0\\.1:${b} \\(locks in ${redis.url}\\)`));
+      const post = (port: number, path: string, amount: number) =>
+        fetch(`http://127.0.0.1:${port}/accounts/5${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ amount }) }).then((r) => r.json());
+      expect(await post(a, '/deposit', 100)).toEqual({ id: '5', balance: 100, instance: 'A' });
+      expect(await post(b, '/withdraw', 30)).toEqual({ id: '5', balance: 70, instance: 'B', holdCount: 2 });
+      demo.signal('SIGINT');
+      expect(await demo.exited).toBe(0);
+      for (const port of [a, b]) await expect(fetch(`http://127.0.0.1:${port}/accounts/5`)).rejects.toThrow();
+    } finally {
+      demo.signal('SIGKILL');
+    }
+  });
+
+  it('npx nest start: the root nest-cli.json builds and starts one instance', async () => {
+    const port = await freePort();
+    const nest = new Command(['node_modules/@nestjs/cli/bin/nest.js', 'start'], { REDIS_URL: redis.url, PORT: String(port), INSTANCE: 'N' });
+    try {
+      await nest.line(new RegExp(`instance N listening on http://127\\.0\\.0\\.1:${port} \\(locks in ${redis.url}\\)`));
+      const post = (path: string, amount: number) =>
+        fetch(`http://127.0.0.1:${port}/accounts/6${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ amount }) }).then((r) => r.json());
+      expect(await post('/deposit', 40)).toEqual({ id: '6', balance: 40, instance: 'N' });
+      expect(await post('/withdraw', 15)).toEqual({ id: '6', balance: 25, instance: 'N', holdCount: 2 });
+    } finally {
+      nest.signal('SIGKILL');
+      await nest.exited;
     }
   });
 });
