@@ -113,6 +113,35 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('never lets the second run of a force-unlock delete the lock another owner took after the first', async () => {
+    const key = 'force:1';
+    // Another service on a direct connection: its lock steps are not held back.
+    const direct = await startLockApp({ redis: redis.url });
+    try {
+      await direct.locks.acquire(key);
+      const before = await scriptCalls(raw);
+      // The force-unlock reads the holders (HKEYS), then runs its script: hold the script's reply.
+      link.holdRepliesFrom('evalsha');
+      const forcing = app.locks.forceUnlock(key);
+      forcing.catch(() => undefined);
+      let next: LockHandle;
+      try {
+        await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the first run of the force-unlock');
+        next = await direct.locks.acquire(key);
+      } finally {
+        link.cut();
+      }
+      expect(await forcing).toBe(true);
+      // Run twice, with the other service's acquisition between the runs.
+      expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(3);
+      expect(await holds(key)).toEqual({ [next.owner]: '1' });
+      expect(next.isHeld).toBe(true);
+      await next.release();
+    } finally {
+      await direct.close();
+    }
+  });
+
   it('counts one more hold for a re-entry', async () => {
     const key = 'reenter:1';
     await app.locks.run(key, async (outer) => {

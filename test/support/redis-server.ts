@@ -238,9 +238,18 @@ export function redisServerAvailable(): boolean {
  */
 export async function tcpProxy(
   targetPort: number,
-): Promise<{ port: number; readonly bytesFromClients: number; hold(direction?: 'from-target' | 'both'): void; cut(): void; close(): Promise<void> }> {
+): Promise<{
+  port: number;
+  readonly bytesFromClients: number;
+  hold(direction?: 'from-target' | 'both'): void;
+  /** Passes everything until a client sends a command named `command`, then holds Redis's replies from that one on (as `hold()`). */
+  holdRepliesFrom(command: string): void;
+  cut(): void;
+  close(): Promise<void>;
+}> {
   const sockets = new Set<Socket>();
   let holding = false;
+  let holdFrom: string | undefined;
   let holdingBoth = false;
   let bytesFromClients = 0;
   const server = createServer((downstream) => {
@@ -256,6 +265,11 @@ export async function tcpProxy(
     }
     downstream.on('data', (d) => {
       bytesFromClients += d.length;
+      // A RESP command name is a bulk string on its own line: \r\n<name>\r\n.
+      if (holdFrom !== undefined && d.toString('latin1').toLowerCase().includes(`\r\n${holdFrom}\r\n`)) {
+        holding = true;
+        holdFrom = undefined;
+      }
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (d) => {
@@ -272,9 +286,13 @@ export async function tcpProxy(
       holding = true;
       holdingBoth = direction === 'both';
     },
+    holdRepliesFrom: (command) => {
+      holdFrom = command.toLowerCase();
+    },
     cut: () => {
       for (const socket of sockets) socket.destroy();
       holding = false;
+      holdFrom = undefined;
       holdingBoth = false;
     },
     close: () => closeServer(server, sockets),

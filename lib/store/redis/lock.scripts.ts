@@ -349,11 +349,24 @@ return {1, holds, ttl}
 
 /**
  * Delete a lock whoever holds it, and announce the release (or hand it to the next fair waiter).
- * KEYS and ARGV as RELEASE; ARGV[1] unused.
- * Returns 1 when a lock was deleted, else 0.
+ * KEYS and ARGV as RELEASE; ARGV[1] unused; ARGV[5] \`1\` to delete only the lock that the hash
+ * fields ARGV[6..] describe (its holders when the caller looked), \`0\` to delete it whatever its
+ * fields. A connection that drops before the reply makes ioredis send the script again: the fields
+ * keep that second run from deleting a lock another owner took in between.
+ * Returns 1 when a lock was deleted, 0 when there was none, -1 when its fields differ from ARGV[6..].
  */
 export const FORCE_UNLOCK = `
 ${freedKeys}
+if ARGV[5] == '1' then
+  local fields = redis.call('hkeys', lock)
+  if #fields == 0 then return 0 end
+  if #fields ~= #ARGV - 5 then return -1 end
+  local seen = {}
+  for i = 6, #ARGV do seen[ARGV[i]] = true end
+  for _, field in ipairs(fields) do
+    if not seen[field] then return -1 end
+  end
+end
 if redis.call('del', lock) == 0 then return 0 end
 ${freed('ARGV[4]')}
 return 1

@@ -46,6 +46,9 @@ const scripts = {
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
 const RENEW_BATCH = 500;
 
+/** How often `forceUnlock` reads the holders of a lock whose holders keep changing before it deletes it regardless. */
+const FORCE_UNLOCK_LOOKS = 5;
+
 /** A single server (or a Sentinel-managed master) or a Redis Cluster. */
 export type RedisClient = Redis | Cluster;
 
@@ -458,9 +461,27 @@ export class RedisLockStore implements LockStore {
     return { locked: Number(r[0]) === 1, holdCount: Number(r[1]), ttlMs: Number(r[2]) };
   }
 
+  /**
+   * Deletes the lock whose holders were read just before (FORCE_UNLOCK with the hash fields seen), so
+   * that a second run of the script after a dropped connection cannot delete a lock another owner
+   * took meanwhile. While the holders keep changing under it, it looks again, up to
+   * FORCE_UNLOCK_LOOKS times, then deletes whatever holds the lock.
+   */
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
-    return Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs])) === 1;
+    for (let look = 1; ; look++) {
+      const fields = look < FORCE_UNLOCK_LOOKS ? await this.client.hkeys(name) : [];
+      if (look < FORCE_UNLOCK_LOOKS && fields.length === 0) return false;
+      const sentAt = this.closes;
+      const checked = look < FORCE_UNLOCK_LOOKS ? '1' : '0';
+      const result = Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs, checked, ...fields]));
+      if (result === 1) return true;
+      // Sent again after a dropped connection: the first run may have deleted the lock it was
+      // given, and the second found it gone (0) or held by someone else (-1). Either way the lock
+      // seen is gone, and the one there now is not to be touched.
+      if (this.resent(sentAt)) return true;
+      if (result === 0) return false;
+    }
   }
 
   async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false): Promise<void> {
