@@ -3,8 +3,8 @@ import { Cluster, type Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
-import { RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
-import { asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { commandCalls, RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
+import { aborted, asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 type Link = Awaited<ReturnType<typeof tcpProxy>>;
 
@@ -137,6 +137,37 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
       expect(await holds(key)).toEqual({ [next.owner]: '1' });
       expect(next.isHeld).toBe(true);
       await next.release();
+    } finally {
+      await direct.close();
+    }
+  });
+
+  it('looks again when the holders a force-unlock read changed before its script ran, and deletes the lock of the new ones', async () => {
+    const key = 'force:2';
+    const direct = await startLockApp({ redis: redis.url });
+    try {
+      const first = await direct.locks.acquire(key);
+      const before = await commandCalls(raw, 'hkeys');
+      // Keep the reply to the force-unlock's first HKEYS until the holder has changed.
+      link.delayRepliesFrom('hkeys');
+      const forcing = app.locks.forceUnlock(key);
+      forcing.catch(() => undefined);
+      let next: LockHandle;
+      try {
+        await until(async () => (await commandCalls(raw, 'hkeys')).hkeys > before.hkeys, 10_000, 'the first HKEYS run');
+        await first.release();
+        // Renewed every 200 ms, so it learns of the deletion at once.
+        next = await direct.locks.acquire(key, { leaseMs: 600, watchdog: true });
+      } finally {
+        link.passDelayed();
+      }
+      expect(await forcing).toBe(true);
+      // Two looks, each an HKEYS of the store's and one inside the script (commandstats counts both):
+      // the first script run found other holders and deleted nothing, the second deleted the lock.
+      const after = await commandCalls(raw, 'hkeys');
+      expect(after.hkeys - before.hkeys).toBe(4);
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+      expect(((await aborted(next.signal)) as LockLostError).reason).toBe('taken');
     } finally {
       await direct.close();
     }

@@ -244,12 +244,19 @@ export async function tcpProxy(
   hold(direction?: 'from-target' | 'both'): void;
   /** Passes everything until a client sends a command named `command`, then holds Redis's replies from that one on (as `hold()`). */
   holdRepliesFrom(command: string): void;
+  /** As `holdRepliesFrom`, but keeps the replies instead of dropping them, until `passDelayed()`. */
+  delayRepliesFrom(command: string): void;
+  /** Sends the replies `delayRepliesFrom` kept, in order, and passes everything again. */
+  passDelayed(): void;
   cut(): void;
   close(): Promise<void>;
 }> {
   const sockets = new Set<Socket>();
   let holding = false;
   let holdFrom: string | undefined;
+  let delaying = false;
+  let delayFrom: string | undefined;
+  const delayed: { to: Socket; data: Buffer }[] = [];
   let holdingBoth = false;
   let bytesFromClients = 0;
   const server = createServer((downstream) => {
@@ -270,10 +277,15 @@ export async function tcpProxy(
         holding = true;
         holdFrom = undefined;
       }
+      if (delayFrom !== undefined && d.toString('latin1').toLowerCase().includes(`\r\n${delayFrom}\r\n`)) {
+        delaying = true;
+        delayFrom = undefined;
+      }
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (d) => {
-      if (!holding) downstream.write(d);
+      if (delaying) delayed.push({ to: downstream, data: d });
+      else if (!holding) downstream.write(d);
     });
   });
   const port = await listenOnLoopback(server);
@@ -289,10 +301,20 @@ export async function tcpProxy(
     holdRepliesFrom: (command) => {
       holdFrom = command.toLowerCase();
     },
+    delayRepliesFrom: (command) => {
+      delayFrom = command.toLowerCase();
+    },
+    passDelayed: () => {
+      delaying = false;
+      for (const { to, data } of delayed.splice(0)) to.write(data);
+    },
     cut: () => {
       for (const socket of sockets) socket.destroy();
       holding = false;
       holdFrom = undefined;
+      delaying = false;
+      delayFrom = undefined;
+      delayed.length = 0;
       holdingBoth = false;
     },
     close: () => closeServer(server, sockets),
