@@ -470,11 +470,11 @@ export class RedisLockStore implements LockStore {
   async forceUnlock(key: string): Promise<boolean> {
     const name = this.lockName(key);
     for (let look = 1; ; look++) {
-      const fields = look < FORCE_UNLOCK_LOOKS ? await this.client.hkeys(name) : [];
-      if (look < FORCE_UNLOCK_LOOKS && fields.length === 0) return false;
+      const checked = look < FORCE_UNLOCK_LOOKS;
+      const fields = checked ? await this.client.hkeys(name) : [];
+      if (checked && fields.length === 0) return false;
       const sentAt = this.closes;
-      const checked = look < FORCE_UNLOCK_LOOKS ? '1' : '0';
-      const result = Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs, checked, ...fields]));
+      const result = Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs, checked ? '1' : '0', ...fields]));
       if (result === 1) return true;
       // Sent again after a dropped connection: the first run may have deleted the lock it was
       // given, and the second found it gone (0) or held by someone else (-1). Either way the lock
