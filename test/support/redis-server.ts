@@ -252,10 +252,10 @@ export async function tcpProxy(
   close(): Promise<void>;
 }> {
   const sockets = new Set<Socket>();
-  let holding = false;
-  let holdFrom: string | undefined;
-  let delaying = false;
-  let delayFrom: string | undefined;
+  // Redis's replies: passed on, dropped (held), or kept until passDelayed(); from a client's next
+  // command named `trigger.command` on, they become `trigger.then`.
+  let replies: 'pass' | 'drop' | 'keep' = 'pass';
+  let trigger: { command: string; then: 'drop' | 'keep' } | undefined;
   const delayed: { to: Socket; data: Buffer }[] = [];
   let holdingBoth = false;
   let bytesFromClients = 0;
@@ -273,19 +273,15 @@ export async function tcpProxy(
     downstream.on('data', (d) => {
       bytesFromClients += d.length;
       // A RESP command name is a bulk string on its own line: \r\n<name>\r\n.
-      if (holdFrom !== undefined && d.toString('latin1').toLowerCase().includes(`\r\n${holdFrom}\r\n`)) {
-        holding = true;
-        holdFrom = undefined;
-      }
-      if (delayFrom !== undefined && d.toString('latin1').toLowerCase().includes(`\r\n${delayFrom}\r\n`)) {
-        delaying = true;
-        delayFrom = undefined;
+      if (trigger && d.toString('latin1').toLowerCase().includes(`\r\n${trigger.command}\r\n`)) {
+        replies = trigger.then;
+        trigger = undefined;
       }
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (d) => {
-      if (delaying) delayed.push({ to: downstream, data: d });
-      else if (!holding) downstream.write(d);
+      if (replies === 'keep') delayed.push({ to: downstream, data: d });
+      else if (replies === 'pass') downstream.write(d);
     });
   });
   const port = await listenOnLoopback(server);
@@ -295,25 +291,23 @@ export async function tcpProxy(
       return bytesFromClients;
     },
     hold: (direction = 'from-target') => {
-      holding = true;
+      replies = 'drop';
       holdingBoth = direction === 'both';
     },
     holdRepliesFrom: (command) => {
-      holdFrom = command.toLowerCase();
+      trigger = { command: command.toLowerCase(), then: 'drop' };
     },
     delayRepliesFrom: (command) => {
-      delayFrom = command.toLowerCase();
+      trigger = { command: command.toLowerCase(), then: 'keep' };
     },
     passDelayed: () => {
-      delaying = false;
+      replies = 'pass';
       for (const { to, data } of delayed.splice(0)) to.write(data);
     },
     cut: () => {
       for (const socket of sockets) socket.destroy();
-      holding = false;
-      holdFrom = undefined;
-      delaying = false;
-      delayFrom = undefined;
+      replies = 'pass';
+      trigger = undefined;
       delayed.length = 0;
       holdingBoth = false;
     },
