@@ -11,6 +11,7 @@ import {
   type LockModuleOptions,
   type LockOptionsFactory,
 } from '../../lib/index.js';
+import { withTimeout } from '../../lib/internal/time.js';
 import { CapturingLogger, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
 import { freePort, RedisServer, silentPort, until } from '../support/redis-server.js';
 
@@ -302,13 +303,7 @@ describe('LockModule', () => {
       server.pause();
       // Without its bound, close() would wait for the release's reply, which never comes. It allows
       // 2 s for the releases and 1 s for the connection to quit; 15 s means it waits for ever.
-      let deadline: NodeJS.Timeout | undefined;
-      const closed = await Promise.race([
-        app.close().then(() => 'closed'),
-        new Promise((resolve) => (deadline = setTimeout(() => resolve('still closing after 15 s'), 15_000))),
-      ]);
-      clearTimeout(deadline);
-      expect(closed).toBe('closed');
+      await expect(withTimeout(app.close(), 15_000, () => new Error('still closing after 15 s'))).resolves.toBeUndefined();
       expect((lock.signal.reason as LockLostError).reason).toBe('shutdown');
       expect(await waiting).toMatch(/^LockBackendError: Cannot acquire "shutdown:frozen": the lock module has shut down/);
       expect(server.running).toBe(true);
