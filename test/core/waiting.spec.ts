@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
-import { asleep, firstAfterRelease, nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, firstAfterRelease, nextEvent, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('waiting for a held lock', () => {
   let redis: RedisServer;
@@ -61,6 +61,41 @@ describe('waiting for a held lock', () => {
     expect(failure.message).toMatch(/Lock "timeout:1" is held by another owner; gave up after waiting \d+ ms\. The holder's lease ends in \d+ ms/);
     expect(waitState(app)).toEqual({ channels: 0, waiters: 0 });
     await holder.release();
+  });
+
+  // waitMs: Infinity from the module's options and from the call (over a module's short waitMs), for
+  // one key and for a group. The holder's lease is 300 ms, renewed every 100 ms by its watchdog, so
+  // the waiter sleeps and tries again about every 300 ms; it must still be waiting after 20 renewals
+  // (2 s, 10 times the module's 200 ms), then take the lock at the release.
+  it.each([
+    ['the module', { waitMs: Infinity }, {}, ['forever:1']],
+    ['the call', { waitMs: 200 }, { waitMs: Infinity }, ['forever:2']],
+    ['the call, for a group', { waitMs: 200 }, { waitMs: Infinity }, ['forever:3', 'forever:4']],
+  ] as const)('waits for ever with waitMs: Infinity from %s, through many sleeps, and takes the lock at the release', async (_, moduleOptions, call, keys) => {
+    const holderApp = await startLockApp({ redis: redis.url, leaseMs: 300 });
+    const waiterApp = await startLockApp({ redis: redis.url, ...moduleOptions });
+    try {
+      const holder = await holderApp.locks.acquire(keys.at(-1)!);
+      const contended = nextEvent(waiterApp.locks.events$, 'contended');
+      let settled: string | undefined;
+      const waiting: Promise<{ isHeld: boolean; release(): Promise<void> }> =
+        keys.length === 1 ? waiterApp.locks.acquire(keys[0], call) : waiterApp.locks.acquire([...keys], call);
+      waiting.then(
+        () => (settled = 'acquired'),
+        (e: unknown) => (settled = String(e)),
+      );
+      await contended;
+      await nextEvents(holderApp.locks.events$, 'renewed', 20, 20_000);
+      expect(settled).toBeUndefined();
+      expect(waitState(waiterApp)).toMatchObject({ waiters: 1 });
+      await holder.release();
+      const lock = await waiting;
+      expect(lock.isHeld).toBe(true);
+      await lock.release();
+    } finally {
+      await waiterApp.close();
+      await holderApp.close();
+    }
   });
 
   it('makes one attempt with waitMs 0 and tryAcquire', async () => {
