@@ -173,6 +173,39 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     }
   });
 
+  it('deletes the lock regardless at its fifth look when the holders changed before each of the first four scripts', async () => {
+    const key = 'force:3';
+    const direct = await startLockApp({ redis: redis.url });
+    try {
+      let holder = await direct.locks.acquire(key, { owner: 'holder-0' });
+      const before = (await commandCalls(raw, 'hkeys')).hkeys;
+      link.delayRepliesFrom('hkeys');
+      const forcing = app.locks.forceUnlock(key);
+      forcing.catch(() => undefined);
+      try {
+        for (let look = 1; look <= 4; look++) {
+          // The store's HKEYS of this look (each earlier look also ran one inside its script).
+          await until(async () => (await commandCalls(raw, 'hkeys')).hkeys === before + 2 * look - 1, 10_000, `the HKEYS of look ${look}`);
+          await holder.release();
+          // The last holder is renewed every 200 ms, so it learns of the deletion at once.
+          holder = await direct.locks.acquire(key, { owner: `holder-${look}`, ...(look === 4 ? { leaseMs: 600, watchdog: true } : {}) });
+          link.passDelayed();
+          if (look < 4) link.delayRepliesFrom('hkeys');
+        }
+      } finally {
+        link.passDelayed();
+      }
+      expect(await forcing).toBe(true);
+      // Four checked looks (the store's HKEYS and the script's each), then a fifth with no HKEYS
+      // that deleted the lock of the holder it had never read.
+      expect((await commandCalls(raw, 'hkeys')).hkeys - before).toBe(8);
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+      expect(((await aborted(holder.signal)) as LockLostError).reason).toBe('taken');
+    } finally {
+      await direct.close();
+    }
+  });
+
   it('counts one more hold for a re-entry', async () => {
     const key = 'reenter:1';
     await app.locks.run(key, async (outer) => {
