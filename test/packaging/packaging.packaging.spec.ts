@@ -1,18 +1,22 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { cpSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { RedisServer } from '../support/redis-server.js';
 
 /**
  * Packaging proven from the outside (`npm run test:packaging`): the library is packed with
- * `npm pack` and the tarball installed into two fresh apps, which type-check and run their own
- * tests with their own jest setups: a Nest 11 app in CommonJS (jest in CommonJS mode, ts-jest) and
- * a Nest 12 app in ES modules (jest in native ESM mode). Needs the npm registry.
+ * `npm pack` and the tarball installed into three fresh apps, which type-check and run their own
+ * tests: a Nest 11 app in CommonJS (jest in CommonJS mode, ts-jest), a Nest 12 app in ES modules
+ * (jest in native ESM mode) and a Nest 12 app in CommonJS (tsc, then plain Node's test runner:
+ * Nest 12 is ESM-only, so that app and the package's CommonJS build load it with require(esm)).
+ * Each app's tests run twice: on this Node, and on the oldest Node the package's `engines` accepts
+ * (20.19.0, fetched from the npm registry by scripts/node-floor.mjs). Needs the npm registry.
  */
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const work = join(root, '.tmp', 'packaging');
+const pathKey = Object.keys(process.env).find((k) => k.toUpperCase() === 'PATH') ?? 'PATH';
 const run = (cwd: string, command: string, args: string[], env: Record<string, string> = {}) => {
   const result = spawnSync(command, args, { cwd, encoding: 'utf8', env: { ...process.env, ...env }, timeout: 300_000 });
   return { ok: result.status === 0, output: `${result.stdout}\n${result.stderr}` };
@@ -41,10 +45,22 @@ function installFresh(dir: string): { ok: boolean; output: string } {
   return run(dir, 'npm', [...args, `--before=${RESOLVABLE_REGISTRY_DATE}`]);
 }
 
+/** How each app's own test runner says that its one test passed. */
+const passedOne: Record<string, RegExp[]> = {
+  'nest11-cjs': [/Tests:\s+1 passed, 1 total/],
+  'nest12-esm': [/Tests:\s+1 passed, 1 total/],
+  'nest12-cjs': [/^# pass 1$/m, /^# fail 0$/m],
+};
+
 describe('the packed package in fresh apps', () => {
   let redis: RedisServer;
   let files: string[] = [];
+  let floor: { version: string; bin: string };
   beforeAll(async () => {
+    const script = join(root, 'scripts', 'node-floor.mjs');
+    const node = execFileSync(process.execPath, [script], { cwd: root, encoding: 'utf8' }).trim();
+    const version = JSON.parse(execFileSync(process.execPath, ['--input-type=module', '-e', `import { floorVersion } from ${JSON.stringify(script)}; console.log(JSON.stringify(floorVersion()))`], { encoding: 'utf8' })) as string;
+    floor = { version, bin: dirname(node) };
     rmSync(work, { recursive: true, force: true });
     mkdirSync(work, { recursive: true });
     execFileSync(process.execPath, [join(root, 'scripts', 'build.mjs')], { cwd: root, stdio: 'ignore' });
@@ -69,17 +85,25 @@ describe('the packed package in fresh apps', () => {
     expect(manifest.peerDependencies).toMatchObject({ '@nestjs/common': '^11.0.0 || ^12.0.0', '@nestjs/core': '^11.0.0 || ^12.0.0', ioredis: '^5.9.0 || ^6.0.0', rxjs: '^7.2.0' });
   });
 
-  for (const app of ['nest11-cjs', 'nest12-esm']) {
-    it(`installs into a fresh ${app} app, whose types resolve and whose own tests pass`, () => {
+  for (const app of Object.keys(passedOne)) {
+    it(`installs into a fresh ${app} app, whose types resolve and whose own tests pass on this Node and on the oldest Node the package accepts`, () => {
       const dir = join(work, app);
       cpSync(join(root, 'test', 'packaging', 'apps', app), dir, { recursive: true });
       const install = installFresh(dir);
       expect({ step: 'npm install', ok: install.ok, output: install.ok ? '' : install.output }).toEqual({ step: 'npm install', ok: true, output: '' });
       const typecheck = run(dir, 'npm', ['run', 'typecheck']);
       expect({ step: 'tsc --noEmit', ok: typecheck.ok, output: typecheck.ok ? '' : typecheck.output }).toEqual({ step: 'tsc --noEmit', ok: true, output: '' });
-      const tests = run(dir, 'npm', ['test'], { REDIS_URL: redis.url });
-      expect({ step: 'app tests', ok: tests.ok, output: tests.ok ? '' : tests.output }).toEqual({ step: 'app tests', ok: true, output: '' });
-      expect(tests.output).toMatch(/Tests:\s+1 passed, 1 total/);
+      const nodes = [
+        { step: `app tests on Node ${process.versions.node}`, version: process.version, env: {} },
+        { step: `app tests on Node ${floor.version}`, version: `v${floor.version}`, env: { [pathKey]: `${floor.bin}${delimiter}${process.env[pathKey] ?? ''}` } },
+      ];
+      for (const { step, version, env } of nodes) {
+        // The `node` that npm's scripts and the apps' bin shims start is the first on PATH.
+        expect([step, run(dir, 'node', ['--version'], env).output.trim()]).toEqual([step, version]);
+        const tests = run(dir, 'npm', ['test'], { ...env, REDIS_URL: redis.url });
+        expect({ step, ok: tests.ok, output: tests.ok ? '' : tests.output }).toEqual({ step, ok: true, output: '' });
+        for (const pattern of passedOne[app]!) expect([step, tests.output]).toEqual([step, expect.stringMatching(pattern)]);
+      }
     });
   }
 });
