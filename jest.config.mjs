@@ -1,11 +1,13 @@
 // Jest in native ESM mode (Nest 12 is ESM-only), TypeScript transformed by @swc/jest.
-// NEST_MAJOR=11 sends every @nestjs/* import (and ioredis, rxjs, reflect-metadata) to compat/nest11, so
-// the same suite runs on the oldest releases the peer ranges accept (Nest 11.0.0, ioredis 5.9.0, rxjs
-// 7.2.0, reflect-metadata 0.1.13) as well as on the newest (Nest 12, ioredis 6).
+// NEST_COMPAT=<dir> sends every @nestjs/* import (and ioredis, rxjs, reflect-metadata) to
+// compat/<dir>, so the same suite runs on the oldest releases the peer ranges accept as well as on
+// the newest (Nest 12, ioredis 6, from the root): compat/nest11 holds Nest 11.0.0 with ioredis 5.9.0,
+// compat/nest12 the oldest Nest 12 with ioredis 6.0.0, both with rxjs 7.2.0 and reflect-metadata
+// 0.1.13. NEST_MAJOR=11 alone means NEST_COMPAT=nest11.
 import { swcOptions } from './scripts/compile-ts.mjs';
 
-const legacy = process.env.NEST_MAJOR === '11';
-const compat = '<rootDir>/compat/nest11/node_modules';
+const compatDir = process.env.NEST_COMPAT || (process.env.NEST_MAJOR === '11' ? 'nest11' : '');
+const compat = `<rootDir>/compat/${compatDir}/node_modules`;
 
 /** @type {import('jest').Config} */
 export default {
@@ -20,7 +22,7 @@ export default {
     '^.+\\.ts$': ['@swc/jest', swcOptions],
   },
   moduleNameMapper: {
-    ...(legacy
+    ...(compatDir
       ? {
           '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io)$': `${compat}/@nestjs/$1`,
           '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io)/(.*)$': `${compat}/@nestjs/$1/$2`,

@@ -1,15 +1,20 @@
 // `npm test`: everything the suite needs, in order, on a fresh clone after `npm install`.
 //   1. stop at once if redis-server is missing (every lock test runs against a real Redis);
-//   2. install Nest 11 + ioredis 5 into compat/nest11 when missing or stale;
+//   2. install the floor releases into compat/nest12 and compat/nest11 when missing or stale;
 //   3. type-check lib, tests, sample and bench; build the dual ESM/CJS package;
-//   4. run the Jest suite on Nest 12 + ioredis 6, then on Nest 11 + ioredis 5;
-//   5. end with a plain line "N passed, N failed" (tests of both runs plus the checks above).
-// Options: --only=12 or --only=11 runs one major; arguments after -- go to Jest.
+//   4. run the Jest suite three times: on the newest Nest 12 + ioredis 6 (root node_modules, this
+//      Node); on the oldest Nest 12 with ioredis 6.0.0 (compat/nest12); on Nest 11.0.0 with ioredis
+//      5.9.0 (compat/nest11). Both floor runs use rxjs 7.2.0 and reflect-metadata 0.1.13, and the
+//      oldest Node the package's `engines` accepts (20.19.0, fetched from the npm registry by
+//      scripts/node-floor.mjs);
+//   5. end with a plain line "N passed, N failed" (tests of every run plus the checks above).
+// Options: --only=12, --only=12-floor or --only=11 runs one of the three; arguments after -- go to Jest.
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { floorNode } from './node-floor.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tmp = join(root, '.tmp');
@@ -67,16 +72,24 @@ if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status !== 0) 
   finish();
 }
 
-// 2. Nest 11 + ioredis 5 side install
-if (only !== '12') {
-  const compat = join(root, 'compat', 'nest11');
+// The three Jest runs: which major, which compat/ directory (none: the root's newest), which Node.
+const runs = [
+  { name: '12', label: 'Nest 12', major: '12', compat: '', floorNode: false },
+  { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12', floorNode: true },
+  { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11', floorNode: true },
+].filter((r) => !only || r.name === only);
+
+// 2. The floors' side installs
+for (const { compat: dir } of runs) {
+  if (!dir) continue;
+  const compat = join(root, 'compat', dir);
   const lock = readFileSync(join(compat, 'package-lock.json'));
   const stamp = join(compat, 'node_modules', '.installed-from');
   const hash = createHash('sha256').update(lock).digest('hex');
   if (!existsSync(stamp) || readFileSync(stamp, 'utf8') !== hash) {
-    const ok = run('install Nest 11 + ioredis 5 into compat/nest11', 'npm', ['ci', '--omit=peer', '--no-audit', '--no-fund', '--prefix', compat]);
+    const ok = run(`install the floor releases into compat/${dir}`, 'npm', ['ci', '--omit=peer', '--no-audit', '--no-fund', '--prefix', compat]);
     if (ok) writeFileSync(stamp, hash);
-    check('compat/nest11 installed', ok);
+    check(`compat/${dir} installed`, ok);
     if (!ok) finish();
   }
 }
@@ -90,37 +103,46 @@ check(
   run('API reference', process.execPath, [join(root, 'node_modules', 'typedoc', 'bin', 'typedoc'), '--logLevel', 'Warn']),
 );
 
-// 4. Jest on each major
+// 4. Jest: the newest Nest 12, then the floor runs on Node's floor.
 const jest = join(root, 'node_modules', 'jest', 'bin', 'jest.js');
-for (const major of ['12', '11']) {
-  if (only && only !== major) continue;
-  const out = join(tmp, `jest-nest${major}.json`);
+for (const { name, label, major, compat, floorNode: onFloorNode } of runs) {
+  let node = process.execPath;
+  if (onFloorNode) {
+    try {
+      node = floorNode().node;
+    } catch (error) {
+      console.error(error.message);
+      check(`${label}: oldest accepted Node fetched (scripts/node-floor.mjs)`, false);
+      continue;
+    }
+  }
+  const out = join(tmp, `jest-nest${name}.json`);
   const { ok, output } = await runCapturing(
-    `jest on Nest ${major}`,
-    process.execPath,
+    `jest on ${label} (Node ${spawnSync(node, ['--version'], { encoding: 'utf8' }).stdout.trim()})`,
+    node,
     ['--experimental-vm-modules', '--disable-warning=ExperimentalWarning', jest, '--json', `--outputFile=${out}`, ...jestArgs],
-    { NEST_MAJOR: major, CI: process.env.CI ?? '' },
+    { NEST_MAJOR: major, NEST_COMPAT: compat, CI: process.env.CI ?? '' },
   );
   let report;
   try {
     report = JSON.parse(readFileSync(out, 'utf8'));
   } catch {
-    check(`jest on Nest ${major} produced a report`, false);
+    check(`jest on ${label} produced a report`, false);
     continue;
   }
   passed += report.numPassedTests;
   failed += report.numFailedTests;
   // A suite that failed to run (syntax error, crash in a hook) has no failed tests but must fail the run.
   const brokenSuites = report.testResults.filter((r) => r.status === 'failed' && r.assertionResults.every((a) => a.status !== 'failed'));
-  for (const suite of brokenSuites) check(`Nest ${major}: suite ${suite.name.slice(root.length + 1)} ran`, false);
-  lines.push(`${ok ? 'ok  ' : 'FAIL'} jest on Nest ${major}: ${report.numPassedTests} passed, ${report.numFailedTests} failed, ${report.numPendingTests} skipped`);
+  for (const suite of brokenSuites) check(`${label}: suite ${suite.name.slice(root.length + 1)} ran`, false);
+  lines.push(`${ok ? 'ok  ' : 'FAIL'} jest on ${label}: ${report.numPassedTests} passed, ${report.numFailedTests} failed, ${report.numPendingTests} skipped`);
   if (report.numPendingTests > 0 || report.numTodoTests > 0) {
-    check(`Nest ${major}: no skipped or todo tests`, false);
+    check(`${label}: no skipped or todo tests`, false);
   }
   // Jest only warns about leaked handles; here they fail the run.
   const leaked = /failed to exit gracefully|did not exit one second|open handle/i.test(output);
-  check(`Nest ${major}: no leaked handles (every worker exited cleanly)`, !leaked);
-  if (!ok && report.numFailedTests === 0 && brokenSuites.length === 0) check(`jest on Nest ${major} exited cleanly`, false);
+  check(`${label}: no leaked handles (every worker exited cleanly)`, !leaked);
+  if (!ok && report.numFailedTests === 0 && brokenSuites.length === 0) check(`jest on ${label} exited cleanly`, false);
 }
 
 finish();
