@@ -3,7 +3,7 @@
 // node-<platform>-<arch> (the packages behind npm's `node` package), so this needs nothing the
 // install does not already need. Fetched once into .tmp/node-v<version>/.
 //   import { floorNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
-//   node scripts/node-floor.mjs                  → prints the binary's path
+//   node scripts/node-floor.mjs                  → prints { version, node, bin } as JSON
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -55,4 +55,4 @@ function checked(version, node) {
   return { version, node, bin: dirname(node) };
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) console.log(floorNode().node);
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) console.log(JSON.stringify(floorNode()));

@@ -72,11 +72,12 @@ if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status !== 0) 
   finish();
 }
 
-// The three Jest runs: which major, which compat/ directory (none: the root's newest), which Node.
+// The three Jest runs: which major, which compat/ directory (none: the root's newest). The runs on a
+// compat/ directory are the floor runs, and run on Node's floor.
 const runs = [
-  { name: '12', label: 'Nest 12', major: '12', compat: '', floorNode: false },
-  { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12', floorNode: true },
-  { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11', floorNode: true },
+  { name: '12', label: 'Nest 12', major: '12', compat: '' },
+  { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12' },
+  { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11' },
 ].filter((r) => !only || r.name === only);
 
 // 2. The floors' side installs
@@ -105,11 +106,11 @@ check(
 
 // 4. Jest: the newest Nest 12, then the floor runs on Node's floor.
 const jest = join(root, 'node_modules', 'jest', 'bin', 'jest.js');
-for (const { name, label, major, compat, floorNode: onFloorNode } of runs) {
-  let node = process.execPath;
-  if (onFloorNode) {
+for (const { name, label, major, compat } of runs) {
+  let node = { node: process.execPath, version: process.versions.node };
+  if (compat) {
     try {
-      node = floorNode().node;
+      node = floorNode();
     } catch (error) {
       console.error(error.message);
       check(`${label}: oldest accepted Node fetched (scripts/node-floor.mjs)`, false);
@@ -118,8 +119,8 @@ for (const { name, label, major, compat, floorNode: onFloorNode } of runs) {
   }
   const out = join(tmp, `jest-nest${name}.json`);
   const { ok, output } = await runCapturing(
-    `jest on ${label} (Node ${spawnSync(node, ['--version'], { encoding: 'utf8' }).stdout.trim()})`,
-    node,
+    `jest on ${label} (Node ${node.version})`,
+    node.node,
     ['--experimental-vm-modules', '--disable-warning=ExperimentalWarning', jest, '--json', `--outputFile=${out}`, ...jestArgs],
     { NEST_MAJOR: major, NEST_COMPAT: compat, CI: process.env.CI ?? '' },
   );
