@@ -4,7 +4,7 @@ import { filter } from 'rxjs';
 import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
-import { scriptCalls, until } from '../support/redis-server.js';
+import { scriptCalls, tcpProxy, until, type RedisServer } from '../support/redis-server.js';
 import { aborted, elsewhere, firstAfterRelease, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
@@ -232,4 +232,69 @@ describe('Redis Cluster: a master down, the others serving', () => {
     await healthy.release();
     expect(await cluster.node(healthyMaster).exists(`lock:{${healthyKey}}`)).toBe(0);
   }, 60_000);
+});
+
+/**
+ * A Cluster whose nodes the app reaches through proxies (as behind a NAT, or in containers): either
+ * the app's client translates the addresses the nodes announce (ioredis `natMap`), or each node
+ * announces its proxy's address itself (`cluster-announce-port`). After each resharding of a lock's
+ * slot, the app's next acquisition is refused with MOVED by the node it still sends the slot to.
+ */
+describe('Redis Cluster behind proxies: a MOVED redirect after a resharding', () => {
+  let cluster: RedisCluster;
+  const links = new Map<RedisServer, Awaited<ReturnType<typeof tcpProxy>>>();
+  const apps: LockApp[] = [];
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start(3);
+    for (const server of cluster.servers) links.set(server, await tcpProxy(server.port));
+  });
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    for (const link of links.values()) await link.close();
+    await cluster?.stop();
+  });
+
+  /** MOVED errors every node has replied since it started. */
+  async function movedReplies(): Promise<number> {
+    let moved = 0;
+    for (const server of cluster.servers) moved += Number(/errorstat_MOVED:count=(\d+)/.exec(String(await cluster.node(server).info('errorstats')))?.[1] ?? 0);
+    return moved;
+  }
+
+  /** For each of `rounds` reshardings of the key's slot (to the next master each time): how many MOVED replies the app's next acquisition got. */
+  async function redirectionsAfterResharding(app: LockApp, key: string, rounds: number): Promise<number[]> {
+    const redirections: number[] = [];
+    for (let i = 0; i < rounds; i++) {
+      const owner = await cluster.ownerOf(keySlot(key));
+      await cluster.migrateSlot(keySlot(key), cluster.servers[(cluster.servers.indexOf(owner) + 1) % cluster.servers.length]!);
+      const before = await movedReplies();
+      const handle = await app.locks.acquire(key);
+      redirections.push((await movedReplies()) - before);
+      await handle.release();
+    }
+    return redirections;
+  }
+
+  it('with natMap, ioredis sends the command to a random node after MOVED named the right one; with announced ports, to the node MOVED named', async () => {
+    const proxied = [...links.values()].map((l) => ({ host: '127.0.0.1', port: l.port }));
+    // natMap: the client translates each node's own address into its proxy's. maxRedirections is
+    // raised from 16 so that the random routing below cannot run an acquisition out of redirections.
+    const natMap = Object.fromEntries([...links].map(([server, link]) => [`127.0.0.1:${server.port}`, { host: '127.0.0.1', port: link.port }]));
+    const translated = await startLockApp({ redis: { cluster: proxied, options: { natMap, maxRedirections: 64 } } });
+    apps.push(translated);
+    const viaNatMap = await redirectionsAfterResharding(translated, 'resharded:nat', 12);
+    // ioredis records the untranslated address of the MOVED reply as the slot's node, has no
+    // connection by that name, and sends the command to a random master: 1 time in 3 the right one.
+    // Each acquisition took at least one redirection, and with a random choice some took more (the
+    // chance that all 12 took exactly one is 1 in 3^12).
+    expect(viaNatMap.every((n) => n >= 1)).toBe(true);
+    expect(Math.max(...viaNatMap)).toBeGreaterThan(1);
+
+    // Announced ports: the nodes name their proxies themselves, in CLUSTER SLOTS and in MOVED.
+    await cluster.announcePorts(new Map([...links].map(([server, link]) => [server, link.port])));
+    const announced = await startLockApp({ redis: { cluster: proxied } });
+    apps.push(announced);
+    expect(await redirectionsAfterResharding(announced, 'resharded:announced', 12)).toEqual(Array(12).fill(1));
+  });
 });

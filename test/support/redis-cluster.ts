@@ -30,6 +30,8 @@ export class RedisCluster {
       await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', String(replicas), '--cluster-yes'], { timeout: 30_000 });
       const cluster = new RedisCluster(servers);
       await cluster.settled();
+      // Every node's id while all run: ownerOf() matches by id, also after a node was killed.
+      for (const server of servers) await cluster.idOf(server);
       return cluster;
     } catch (error) {
       await Promise.all(servers.map((s) => s.stop()));
@@ -54,12 +56,37 @@ export class RedisCluster {
     return server.shared();
   }
 
-  /** The node that serves `slot` now (as a running node sees it). */
+  /**
+   * The node that serves `slot` now (as a running node sees it), found by its node id: the port a
+   * node announces is not its own after `announcePorts`.
+   */
   async ownerOf(slot: number): Promise<RedisServer> {
-    const slots = (await this.node(this.servers.find((s) => s.running)!).cluster('SLOTS')) as unknown as [number, number, [string, number]][];
+    const slots = (await this.node(this.servers.find((s) => s.running)!).cluster('SLOTS')) as unknown as [number, number, [string, number, string]][];
     const range = slots.find(([from, to]) => slot >= from && slot <= to);
     if (!range) throw new Error(`slot ${slot} is not served`);
-    return this.servers.find((s) => s.port === Number(range[2][1]))!;
+    for (const server of this.servers) if ((await this.idOf(server)) === range[2][2]) return server;
+    throw new Error(`slot ${slot} is served by ${range[2][2]}, which is none of this cluster's servers`);
+  }
+
+  /**
+   * Makes each node announce the port `ports` gives it instead of its own (CONFIG SET
+   * cluster-announce-port), as a node behind a proxy or a NAT announces its public address: in
+   * CLUSTER SLOTS, CLUSTER NODES and in MOVED / ASK redirections, so clients reach it there
+   * without any address translation of their own. Resolves once every node lists only those ports.
+   */
+  async announcePorts(ports: Map<RedisServer, number>): Promise<void> {
+    for (const [server, port] of ports) await this.node(server).config('SET', 'cluster-announce-port', String(port));
+    const announced = new Set(ports.values());
+    for (const server of this.servers) {
+      await until(
+        async () => {
+          const slots = (await this.node(server).cluster('SLOTS')) as unknown as [number, number, ...[string, number][]][];
+          return slots.every(([, , ...nodes]) => nodes.every(([, port]) => announced.has(Number(port))));
+        },
+        10_000,
+        `node ${server.port} listing the announced ports`,
+      );
+    }
   }
 
   /**
@@ -108,6 +135,18 @@ export class RedisCluster {
   async stop(): Promise<void> {
     for (const c of this.clients.splice(0)) c.disconnect();
     await Promise.all(this.servers.map((s) => s.stop()));
+  }
+
+  private readonly ids = new Map<RedisServer, string>();
+
+  /** A node's id (CLUSTER MYID), asked once (by start(), for every node). */
+  private async idOf(server: RedisServer): Promise<string> {
+    let id = this.ids.get(server);
+    if (id === undefined) {
+      id = String(await this.node(server).cluster('MYID'));
+      this.ids.set(server, id);
+    }
+    return id;
   }
 
   /** Resolves once every node reports `cluster_state:ok`. */
