@@ -61,11 +61,17 @@ export class RedisCluster {
    * node announces is not its own after `announcePorts`.
    */
   async ownerOf(slot: number): Promise<RedisServer> {
-    const slots = (await this.node(this.servers.find((s) => s.running)!).cluster('SLOTS')) as unknown as [number, number, [string, number, string]][];
+    const id = await this.ownerSeenBy(this.servers.find((s) => s.running)!, slot);
+    for (const server of this.servers) if ((await this.idOf(server)) === id) return server;
+    throw new Error(`slot ${slot} is served by ${id}, which is none of this cluster's servers`);
+  }
+
+  /** The id of the node that serves `slot`, as `server` sees it (CLUSTER SLOTS). */
+  private async ownerSeenBy(server: RedisServer, slot: number): Promise<string> {
+    const slots = (await this.node(server).cluster('SLOTS')) as unknown as [number, number, [string, number, string]][];
     const range = slots.find(([from, to]) => slot >= from && slot <= to);
     if (!range) throw new Error(`slot ${slot} is not served`);
-    for (const server of this.servers) if ((await this.idOf(server)) === range[2][2]) return server;
-    throw new Error(`slot ${slot} is served by ${range[2][2]}, which is none of this cluster's servers`);
+    return range[2][2];
   }
 
   /**
@@ -108,6 +114,23 @@ export class RedisCluster {
       await src.migrate('127.0.0.1', target.port, '', 0, 5_000, 'KEYS', ...keys);
     }
     for (const server of this.servers) await this.node(server).cluster('SETSLOT', slot, 'NODE', dstId);
+    // The target bumped its config epoch when it took the slot. Until a node has heard that epoch,
+    // gossip from the source (whose epoch may be higher than the target's old one) can give the slot
+    // back to the source in that node's view: seen once as the next migration asking the target to
+    // import a slot it already owned. Settled when every node knows the target's epoch and owner.
+    const epoch = /cluster_my_epoch:(\d+)/.exec(String(await dst.cluster('INFO')))?.[1];
+    for (const server of this.servers.filter((s) => s.running)) {
+      await until(
+        async () => {
+          const line = String(await this.node(server).cluster('NODES'))
+            .split('\n')
+            .find((l) => l.startsWith(`${dstId} `));
+          return line?.split(' ')[6] === epoch && (await this.ownerSeenBy(server, slot)) === dstId;
+        },
+        10_000,
+        `node ${server.port} seeing slot ${slot} on ${target.port} at epoch ${epoch}`,
+      );
+    }
   }
 
   /** The replica of `master` (the first one, with `replicas` > 0). */
