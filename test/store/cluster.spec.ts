@@ -286,15 +286,16 @@ describe('Redis Cluster behind proxies: a MOVED redirect after a resharding', ()
     const viaNatMap = await redirectionsAfterResharding(translated, 'resharded:nat', 12);
     // ioredis records the untranslated address of the MOVED reply as the slot's node, has no
     // connection by that name, and sends the command to a random master: 1 time in 3 the right one.
-    // Each acquisition took at least one redirection, and with a random choice some took more (the
-    // chance that all 12 took exactly one is 1 in 3^12).
-    expect(viaNatMap.every((n) => n >= 1)).toBe(true);
+    // So some acquisition took more than one redirection (the chance that none of 12 did is at
+    // most 1 in 3^12; an acquisition that took none, its client having refreshed its slots after
+    // the migration, only lowers the count).
     expect(Math.max(...viaNatMap)).toBeGreaterThan(1);
 
     // Announced ports: the nodes name their proxies themselves, in CLUSTER SLOTS and in MOVED.
     await cluster.announcePorts(new Map([...links].map(([server, link]) => [server, link.port])));
     const announced = await startLockApp({ redis: { cluster: proxied } });
     apps.push(announced);
-    expect(await redirectionsAfterResharding(announced, 'resharded:announced', 12)).toEqual(Array(12).fill(1));
+    // One redirection at most per acquisition, to the node MOVED named (and at least one redirection in all).
+    expect(Math.max(...(await redirectionsAfterResharding(announced, 'resharded:announced', 12)))).toBe(1);
   });
 });
