@@ -264,10 +264,11 @@ describe('Redis Cluster behind proxies: a MOVED redirect after a resharding', ()
 
   /** For each of `rounds` reshardings of the key's slot (to the next master each time): how many MOVED replies the app's next acquisition got. */
   async function redirectionsAfterResharding(app: LockApp, key: string, rounds: number): Promise<number[]> {
+    const slot = keySlot(key);
     const redirections: number[] = [];
     for (let i = 0; i < rounds; i++) {
-      const owner = await cluster.ownerOf(keySlot(key));
-      await cluster.migrateSlot(keySlot(key), cluster.servers[(cluster.servers.indexOf(owner) + 1) % cluster.servers.length]!);
+      const owner = await cluster.ownerOf(slot);
+      await cluster.migrateSlot(slot, cluster.servers[(cluster.servers.indexOf(owner) + 1) % cluster.servers.length]!);
       const before = await movedReplies();
       const handle = await app.locks.acquire(key);
       redirections.push((await movedReplies()) - before);

@@ -31,7 +31,7 @@ export class RedisCluster {
       const cluster = new RedisCluster(servers);
       await cluster.settled();
       // Every node's id while all run: ownerOf() matches by id, also after a node was killed.
-      for (const server of servers) await cluster.idOf(server);
+      for (const server of servers) cluster.ids.set(server, String(await cluster.node(server).cluster('MYID')));
       return cluster;
     } catch (error) {
       await Promise.all(servers.map((s) => s.stop()));
@@ -62,7 +62,8 @@ export class RedisCluster {
    */
   async ownerOf(slot: number): Promise<RedisServer> {
     const id = await this.ownerSeenBy(this.servers.find((s) => s.running)!, slot);
-    for (const server of this.servers) if ((await this.idOf(server)) === id) return server;
+    const owner = this.servers.find((s) => this.ids.get(s) === id);
+    if (owner) return owner;
     throw new Error(`slot ${slot} is served by ${id}, which is none of this cluster's servers`);
   }
 
@@ -83,16 +84,13 @@ export class RedisCluster {
   async announcePorts(ports: Map<RedisServer, number>): Promise<void> {
     for (const [server, port] of ports) await this.node(server).config('SET', 'cluster-announce-port', String(port));
     const announced = new Set(ports.values());
-    for (const server of this.servers) {
-      await until(
-        async () => {
-          const slots = (await this.node(server).cluster('SLOTS')) as unknown as [number, number, ...[string, number][]][];
-          return slots.every(([, , ...nodes]) => nodes.every(([, port]) => announced.has(Number(port))));
-        },
-        10_000,
-        `node ${server.port} listing the announced ports`,
-      );
-    }
+    await this.untilEveryNode(
+      async (server) => {
+        const slots = (await this.node(server).cluster('SLOTS')) as unknown as [number, number, ...[string, number][]][];
+        return slots.every(([, , ...nodes]) => nodes.every(([, port]) => announced.has(Number(port))));
+      },
+      (server) => `node ${server.port} listing the announced ports`,
+    );
   }
 
   /**
@@ -104,8 +102,8 @@ export class RedisCluster {
     if (source === target) return;
     const src = this.node(source);
     const dst = this.node(target);
-    const srcId = String(await src.cluster('MYID'));
-    const dstId = String(await dst.cluster('MYID'));
+    const srcId = this.ids.get(source)!;
+    const dstId = this.ids.get(target)!;
     await dst.cluster('SETSLOT', slot, 'IMPORTING', srcId);
     await src.cluster('SETSLOT', slot, 'MIGRATING', dstId);
     for (;;) {
@@ -119,18 +117,15 @@ export class RedisCluster {
     // back to the source in that node's view: seen once as the next migration asking the target to
     // import a slot it already owned. Settled when every node knows the target's epoch and owner.
     const epoch = /cluster_my_epoch:(\d+)/.exec(String(await dst.cluster('INFO')))?.[1];
-    for (const server of this.servers.filter((s) => s.running)) {
-      await until(
-        async () => {
-          const line = String(await this.node(server).cluster('NODES'))
-            .split('\n')
-            .find((l) => l.startsWith(`${dstId} `));
-          return line?.split(' ')[6] === epoch && (await this.ownerSeenBy(server, slot)) === dstId;
-        },
-        10_000,
-        `node ${server.port} seeing slot ${slot} on ${target.port} at epoch ${epoch}`,
-      );
-    }
+    await this.untilEveryNode(
+      async (server) => {
+        const line = String(await this.node(server).cluster('NODES'))
+          .split('\n')
+          .find((l) => l.startsWith(`${dstId} `));
+        return line?.split(' ')[6] === epoch && (await this.ownerSeenBy(server, slot)) === dstId;
+      },
+      (server) => `node ${server.port} seeing slot ${slot} on ${target.port} at epoch ${epoch}`,
+    );
   }
 
   /** The replica of `master` (the first one, with `replicas` > 0). */
@@ -160,22 +155,16 @@ export class RedisCluster {
     await Promise.all(this.servers.map((s) => s.stop()));
   }
 
+  /** Every node's id (CLUSTER MYID), read by start(). */
   private readonly ids = new Map<RedisServer, string>();
-
-  /** A node's id (CLUSTER MYID), asked once (by start(), for every node). */
-  private async idOf(server: RedisServer): Promise<string> {
-    let id = this.ids.get(server);
-    if (id === undefined) {
-      id = String(await this.node(server).cluster('MYID'));
-      this.ids.set(server, id);
-    }
-    return id;
-  }
 
   /** Resolves once every node reports `cluster_state:ok`. */
   private async settled(): Promise<void> {
-    for (const server of this.servers.filter((s) => s.running)) {
-      await until(async () => String(await this.node(server).cluster('INFO')).includes('cluster_state:ok'), 10_000, `cluster on ${server.port} never became ok`);
-    }
+    await this.untilEveryNode(async (server) => String(await this.node(server).cluster('INFO')).includes('cluster_state:ok'), (server) => `cluster on ${server.port} never became ok`);
+  }
+
+  /** Resolves once `check` holds on every running node, one node after the other (10 s each). */
+  private async untilEveryNode(check: (server: RedisServer) => Promise<boolean>, what: (server: RedisServer) => string): Promise<void> {
+    for (const server of this.servers.filter((s) => s.running)) await until(() => check(server), 10_000, what(server));
   }
 }
