@@ -585,6 +585,11 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
     links = await Promise.all(nodes.map(async (n) => ({ link: await tcpProxy(n.port), raw: n.client() })));
     app = await startLockApp({ redlock: { clients: links.map(({ link }) => `redis://127.0.0.1:${link.port}`) } });
+    // The store is ready once a quorum of nodes is: a third connection still starting would queue
+    // the first test's step behind a ready check whose reply that test holds back (a clean-clone CI
+    // run lost it so). Wait until every node ran a lock's acquire and release.
+    await (await app.locks.acquire('redlock:connected')).release();
+    for (const { raw } of links) await until(async () => (await scriptCalls(raw)) >= 2, 10_000, 'a lock step on every node');
   });
   afterAll(async () => {
     await app?.close();
