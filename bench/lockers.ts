@@ -5,8 +5,10 @@ import { randomUUID } from 'node:crypto';
 import { Mutex } from 'redis-semaphore';
 import Redlock from 'redlock';
 import { Redlock as SesameRedlock } from '@sesamecare-oss/redlock';
-import { LockService } from '../lib/index.js';
+import { LockService, type LockOptions } from '../lib/index.js';
 import { batchWrites } from '../lib/store/redis/write-batching.js';
+import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { scriptsPair } from './our-scripts.js';
 
 export interface Locker {
   /** Acquires `key` (waiting as the library waits) and resolves to its release function. */
@@ -18,6 +20,7 @@ export type LockerKind =
   | 'nestjs-locked'
   | 'nestjs-locked-fair'
   | 'nestjs-locked-no-fencing'
+  | 'scripts'
   | 'raw'
   | 'raw-batched'
   | 'redlock'
@@ -41,16 +44,10 @@ export async function makeLocker(kind: LockerKind, url: string): Promise<Locker>
     case 'nestjs-locked-no-fencing': {
       // nestjs-locked-no-fencing: with fencingTokens: false (README, "Turning tokens off").
       const locks = new LockService({ redis: url, waitMs: Infinity, ...(kind === 'nestjs-locked-no-fencing' ? { fencingTokens: false } : {}) });
-      await locks.onModuleInit();
-      const fair = kind === 'nestjs-locked-fair';
-      return {
-        acquire: async (key) => {
-          const handle = await locks.acquire(key, { fair });
-          return () => handle.release();
-        },
-        close: () => locks.onApplicationShutdown(),
-      };
+      return serviceLocker(locks, { fair: kind === 'nestjs-locked-fair' });
     }
+    case 'scripts':
+      return scriptsLocker(url);
     case 'raw':
     case 'raw-batched': {
       // The least an owner-safe lock can do: SET NX PX, and a compare-and-delete script. Waiting is
@@ -100,6 +97,41 @@ export async function makeLocker(kind: LockerKind, url: string): Promise<Locker>
       };
     }
   }
+}
+
+/** A LockService, started here, as a Locker: each acquisition with `options`; `closed` runs after its shutdown (a client it was given). */
+export async function serviceLocker(locks: LockService, options?: LockOptions, closed?: () => Promise<unknown>): Promise<Locker> {
+  await locks.onModuleInit();
+  return {
+    acquire: async (key) => {
+      const handle = await locks.acquire(key, options);
+      return () => handle.release();
+    },
+    close: async () => {
+      await locks.onApplicationShutdown();
+      await closed?.();
+    },
+  };
+}
+
+/**
+ * `scripts`: nestjs-locked's acquire and release scripts (or a variant of them) sent from a bare
+ * ioredis client, with the keys and arguments RedisLockStore gives them: a raw lock that keeps the
+ * same promises (hold count, fencing token, wake-up for waiters) without LockService. For fresh keys
+ * only (scenario 1 and bench:profile): it never waits.
+ */
+export async function scriptsLocker(url: string, acquire = ACQUIRE, release = RELEASE): Promise<Locker> {
+  const client = new Redis(url);
+  const pair = await scriptsPair(client, acquire, release);
+  let owner = 0;
+  return {
+    // One call does the whole pair: the release function is then a no-op.
+    acquire: async (key) => {
+      await pair(key, `scripts-owner:${++owner}`);
+      return async () => undefined;
+    },
+    close: async () => void (await client.quit()),
+  };
 }
 
 /** Both redlock packages share node-redlock's API: acquire(keys, ms) -> lock.release(). */

@@ -22,7 +22,7 @@ if redis.call('exists', lock) == 0 then redis.call('hset', lock, owner, '1') red
 return {0, redis.call('pttl', lock)}`;
 
 /** A release of one hold and nothing else: no announcement for waiters. */
-const RELEASE_NO_ANNOUNCEMENT = `local lock, owner = KEYS[1], ARGV[1]
+export const RELEASE_NO_ANNOUNCEMENT = `local lock, owner = KEYS[1], ARGV[1]
 local holds = redis.call('hget', lock, owner)
 if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end

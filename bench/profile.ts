@@ -5,7 +5,10 @@
 // - Redis commands per pair and Redis CPU microseconds per pair (INFO commandstats; INFO cpu),
 // for the raw limit, nestjs-locked, and `scripts`: nestjs-locked's own two Lua scripts sent by a
 // bare ioredis client (no LockService), which separates what Redis does from what Node does.
-// Interleaved over PROFILE_ROUNDS rounds (median kept). PROFILE_OUT=file writes the medians as JSON
+// Interleaved over PROFILE_ROUNDS rounds (median kept); PROFILE_PAIRS sets scenario 1's pairs per
+// kind and round (default 4,000): fewer pairs and more rounds keep the kinds a round compares closer
+// together in time on a machine whose speed moves from one second to the next. PROFILE_OUT=file
+// writes the medians as JSON, with the rounds and scenario 1's pairs under `settings`
 // (PROFILE_HTTP_OUT=file those of scenario 4).
 // PROFILE_CPU=1 also records a V8 CPU profile of nestjs-locked's runs (.tmp/bench-profile.cpuprofile,
 // open it in Chrome DevTools) and prints the functions with the most self time.
@@ -16,12 +19,14 @@
 // PROFILE_KINDS picks the kinds (default `raw,scripts,nestjs-locked`); besides the lockers of
 // bench/lockers.ts, `scripts-empty`, `scripts-no-fencing`, `scripts-no-announcement` and
 // `scripts-hold-count-only` are the bare scripts with parts taken out (bench/our-scripts.ts), which
-// tells what each part costs in time.
+// tells what each part costs in time; `nestjs-locked-hold-count-only` is LockService keeping only the
+// hold count (see holdCountOnlyService).
 // Each kind's `vsRaw` is the median over the rounds of its pairs/s over the raw limit's in the same
 // round (when `raw` is one of the kinds).
 // PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function
 // (V8's sampling heap profiler, keeping the objects that were collected since), for each kind;
 // PROFILE_ALLOC_OUT=file writes the totals as JSON.
+import { createHash } from 'node:crypto';
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -29,15 +34,17 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
-import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { RELEASE } from '../lib/store/redis/lock.scripts.js';
 import { startHttpApp } from './http-app-child.js';
-import { SCRIPT_VARIANTS, scriptsPair, type ScriptVariant } from './our-scripts.js';
-import { makeLocker, type Locker, type LockerKind } from './lockers.js';
+import { LockService } from '../lib/index.js';
+import { RELEASE_NO_ANNOUNCEMENT, SCRIPT_VARIANTS, type ScriptVariant } from './our-scripts.js';
+import { makeLocker, scriptsLocker, serviceLocker, type Locker, type LockerKind } from './lockers.js';
 import { median, round } from './stats.js';
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
-type Kind = LockerKind | 'scripts' | ScriptVariant;
+const SEQUENTIAL_PAIRS = Number(process.env.PROFILE_PAIRS ?? 4_000);
+type Kind = LockerKind | ScriptVariant | 'nestjs-locked-hold-count-only';
 const KINDS = (process.env.PROFILE_KINDS ?? 'raw,scripts,nestjs-locked').split(',') as Kind[];
 const SCENARIOS = (process.env.PROFILE_SCENARIOS ?? '1,2,4').split(',').map(Number);
 const HTTP_ENDPOINTS = ['none', 'locked', 'manual', 'service'] as const;
@@ -63,23 +70,24 @@ async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Reco
   return { cpuUs, calls };
 }
 
-/** nestjs-locked's acquire and release scripts (or a variant of them) from a bare client (no LockService). */
-async function scriptsLocker(url: string, acquire = ACQUIRE, release = RELEASE): Promise<Locker> {
+/**
+ * LockService keeping the hold count only, as `scripts-hold-count-only` keeps it from a bare client:
+ * `fencingTokens: false` (its acquire then skips TIME and the counter) on a client that runs the
+ * release without announcement wherever LockService asks for its release script. It measures what
+ * LockService would cost on top of that data model; it wakes no waiter (for scenario 1 only), and
+ * the library never runs it.
+ */
+async function holdCountOnlyService(url: string): Promise<Locker> {
   const client = new Redis(url);
-  const pair = await scriptsPair(client, acquire, release);
-  let owner = 0;
-  return {
-    // One call does the whole pair: the release function is then a no-op.
-    acquire: async (key) => {
-      await pair(key, `profile-owner:${++owner}`);
-      return async () => undefined;
-    },
-    close: async () => void (await client.quit()),
-  };
+  const lean = (await client.script('LOAD', RELEASE_NO_ANNOUNCEMENT)) as string;
+  const release = createHash('sha1').update(RELEASE).digest('hex');
+  const evalsha = client.evalsha.bind(client) as (sha: string, ...rest: unknown[]) => Promise<unknown>;
+  Object.assign(client, { evalsha: (sha: string, ...rest: unknown[]) => evalsha(sha === release ? lean : sha, ...rest) });
+  return serviceLocker(new LockService({ redis: client, waitMs: Infinity, fencingTokens: false }), undefined, () => client.quit());
 }
 
 function makeKind(kind: Kind, url: string): Promise<Locker> {
-  if (kind === 'scripts') return scriptsLocker(url);
+  if (kind === 'nestjs-locked-hold-count-only') return holdCountOnlyService(url);
   if (kind in SCRIPT_VARIANTS) {
     const variant = SCRIPT_VARIANTS[kind as ScriptVariant];
     return scriptsLocker(url, variant.acquire, variant.release);
@@ -252,7 +260,7 @@ async function main() {
   let alloc: Awaited<ReturnType<typeof allocations>> | undefined;
   try {
     for (const [scenario, workers, pairs] of [
-      ['1 sequential', 1, 4_000],
+      ['1 sequential', 1, SEQUENTIAL_PAIRS],
       ['2 64 workers', 64, 12_800],
     ] as const) {
       if (!SCENARIOS.includes(Number(scenario[0]))) continue;
@@ -294,10 +302,10 @@ async function main() {
   }
   for (const [scenario, kinds] of Object.entries(out)) {
     console.log(`\n${scenario} (median of ${ROUNDS} interleaved rounds)`);
-    console.log('lock'.padEnd(24), 'pairs/s'.padStart(9), 'vs raw'.padStart(7), 'node us/pair'.padStart(13), 'redis us/pair'.padStart(14), 'cmds/pair'.padStart(10), ' commands per pair');
+    console.log('lock'.padEnd(29), 'pairs/s'.padStart(9), 'vs raw'.padStart(7), 'node us/pair'.padStart(13), 'redis us/pair'.padStart(14), 'cmds/pair'.padStart(10), ' commands per pair');
     for (const [kind, c] of Object.entries(kinds)) {
       console.log(
-        kind.padEnd(24),
+        kind.padEnd(29),
         String(c.pairsPerSec).padStart(9),
         String(c.vsRaw ?? '').padStart(7),
         String(c.nodeCpuUsPerPair).padStart(13),
@@ -319,7 +327,7 @@ async function main() {
     for (const [kind, a] of Object.entries(alloc)) console.log(`${kind}: ${a.bytesPerPair} B per pair\n${a.top.join('\n')}`);
     if (process.env.PROFILE_ALLOC_OUT) writeFileSync(process.env.PROFILE_ALLOC_OUT, JSON.stringify(Object.fromEntries(Object.entries(alloc).map(([k, a]) => [k, a.bytesPerPair])), null, 2) + '\n');
   }
-  if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify(out, null, 2) + '\n');
+  if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify({ settings: { rounds: ROUNDS, sequentialPairs: SEQUENTIAL_PAIRS }, ...out }, null, 2) + '\n');
   if (process.env.PROFILE_HTTP_OUT && http) writeFileSync(process.env.PROFILE_HTTP_OUT, JSON.stringify(http, null, 2) + '\n');
 }
 

@@ -322,7 +322,7 @@ async function main() {
     if (ONLY.includes(1)) {
       log('1. sequential');
       const ping = await repeated(() => pingRoundTrip(url), 'pingsPerSec');
-      results.sequential = { ping, ...(await sliced([...simple, 'nestjs-locked-no-fencing'], (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 1, 500), (locker) => locker.close(), 'pairsPerSec')) };
+      results.sequential = { ping, ...(await sliced([...simple, 'nestjs-locked-no-fencing', 'scripts'], (kind) => makeLocker(kind, url), (_, locker) => pairs(locker, 1, 500), (locker) => locker.close(), 'pairsPerSec')) };
     }
     if (ONLY.includes(2)) {
       log('2. 64 concurrent workers');
