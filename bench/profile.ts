@@ -26,7 +26,6 @@
 // PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function
 // (V8's sampling heap profiler, keeping the objects that were collected since), for each kind;
 // PROFILE_ALLOC_OUT=file writes the totals as JSON.
-import { createHash } from 'node:crypto';
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -35,6 +34,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
 import { RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { RedisScript } from '../lib/store/redis/redis-script.js';
 import { startHttpApp } from './http-app-child.js';
 import { LockService } from '../lib/index.js';
 import { RELEASE_NO_ANNOUNCEMENT, SCRIPT_VARIANTS, type ScriptVariant } from './our-scripts.js';
@@ -80,7 +80,8 @@ async function redisCounters(admin: Redis): Promise<{ cpuUs: number; calls: Reco
 async function holdCountOnlyService(url: string): Promise<Locker> {
   const client = new Redis(url);
   const lean = (await client.script('LOAD', RELEASE_NO_ANNOUNCEMENT)) as string;
-  const release = createHash('sha1').update(RELEASE).digest('hex');
+  // The SHA the store sends RELEASE by, computed where the store computes it.
+  const release = new RedisScript('release', RELEASE).sha;
   const evalsha = client.evalsha.bind(client) as (sha: string, ...rest: unknown[]) => Promise<unknown>;
   Object.assign(client, { evalsha: (sha: string, ...rest: unknown[]) => evalsha(sha === release ? lean : sha, ...rest) });
   return serviceLocker(new LockService({ redis: client, waitMs: Infinity, fencingTokens: false }), undefined, () => client.quit());
