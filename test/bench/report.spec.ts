@@ -79,6 +79,13 @@ describe('BENCHMARKS.md, scenario 3', () => {
     // Per round 9 / 0.15, 10 / 0.3 and 30 / 0.45: median 60 (the medians' ratio: 10 / 0.3 = 33.3).
     expect(target(report(3), 'default mode: handoff p50 >= 10 x faster than redis-semaphore')).toContain('| 60.0 x | met |');
   });
+
+  it('explains a miss from this run only, and leaves the runs before it to "Earlier runs"', () => {
+    const why = report(3).split('\n').find((line) => line.startsWith('- **Scenario 3, handoff')) ?? '';
+    expect(why).toContain('"Earlier runs" below');
+    // No earlier run is named by its commit: the explanation stays true after the next full run.
+    expect(why).not.toMatch(/\b[0-9a-f]{7}\b/);
+  });
 });
 
 /** BENCHMARKS.md written from a scenario-1 run where nestjs-locked reads 0.8 x raw, and the given breakdown. */
