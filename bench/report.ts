@@ -141,6 +141,7 @@ export function writeReport(r: Results, file: string): void {
         'timed from the moment the previous holder started its release, on a clock shared by the processes; acquisitions/s over those rounds. ' +
         'Fairness: a tight loop (acquire, hold ~1 ms, release, retry at once) for 2 s; Jain\'s index over the acquisitions of the 8 workers (1 = equal shares) and the share of acquisitions that went to another worker than the previous holder. ' +
         'Anchors with their default retry settings, and (-10ms) with the retry delay tuned to 10 ms. ' +
+        (Object.values(r.contended).some((rows) => rows.raw?.releaseP50Ms !== undefined) ? 'Release: how long the holder\'s release took, from its start to its reply (in the median round). ' : '') +
         (r.contendedRounds
           ? `The scenario runs in ${r.contendedRounds} rounds per topology, each running every library and both PING readings once, in a rotated order: each row is a library's median round by handoff p50, and each ratio (here and in the targets) the median of the ${r.contendedRounds} per-round ratios, so the two sides of a ratio ran within seconds of each other.`
           : `Each row is the median of ${r.repeats} runs, one library's runs back to back; ratios are of the medians.`),
@@ -148,10 +149,12 @@ export function writeReport(r: Results, file: string): void {
     );
     for (const [topology, rows] of Object.entries(r.contended)) {
       out.push(`### ${topology === '1x8' ? '1 process x 8 workers' : '2 processes x 4 workers'}`, '');
-      out.push('| lock | acquisitions/s (rounds) | handoff p50 ms | handoff p99 ms | handoff p50 vs raw | tight loop acquisitions/s | fairness (Jain) | to another worker |');
-      out.push('|---|---|---|---|---|---|---|---|');
+      // The releases' own round trips, recorded since 2026-11-25.
+      const releases = rows.raw?.releaseP50Ms !== undefined;
+      out.push(`| lock | acquisitions/s (rounds) | handoff p50 ms | handoff p99 ms | ${releases ? 'release p50 ms | ' : ''}handoff p50 vs raw | tight loop acquisitions/s | fairness (Jain) | to another worker |`);
+      out.push(`|---|---|---|---|${releases ? '---|' : ''}---|---|---|---|`);
       for (const [name, row] of Object.entries(rows)) {
-        out.push(`| ${name} | ${fmt(row.acquisitionsPerSec)} | ${row.handoffP50Ms} | ${row.handoffP99Ms} | ${xr(p50Ratio(r, row, rows.raw!))} | ${fmt(row.loopAcquisitionsPerSec)} | ${row.fairness} | ${row.handoffsToAnotherWorker} |`);
+        out.push(`| ${name} | ${fmt(row.acquisitionsPerSec)} | ${row.handoffP50Ms} | ${row.handoffP99Ms} | ${releases ? `${row.releaseP50Ms ?? ''} | ` : ''}${xr(p50Ratio(r, row, rows.raw!))} | ${fmt(row.loopAcquisitionsPerSec)} | ${row.fairness} | ${row.handoffsToAnotherWorker} |`);
       }
       out.push('');
       const ping = r.contendedPing?.[topology];
@@ -444,12 +447,31 @@ function explainMisses(r: Results, e: Extras): string[] {
         : within.length === 0
           ? 'does not come within 2 x PING either'
           : `stays within 2 x ${within.join(' and ')}, but not within 2 x ${beyond.join(' and ')}`;
+    // The releases' own round trips (recorded since 2026-11-25): the first hop of every handoff.
+    const releaseReadings = Object.entries(r.contended).flatMap(([topology, rows]) => {
+      const one = r.contendedPingOneCaller?.[topology];
+      const raw = rows.raw?.releaseP50Ms;
+      if (raw === undefined || !one) return [];
+      const vsPing = Number(raw) / Number(one.p50Ms);
+      return [
+        {
+          vsPing,
+          text: `${topology}: the raw limit's ${raw} ms, ${vsPing.toFixed(1)} x PING with one caller; nestjs-locked's ${rows['nestjs-locked']?.releaseP50Ms} ms (default mode, handoff ${rows['nestjs-locked']?.handoffP50Ms} ms) and ${rows['nestjs-locked-fair']?.releaseP50Ms} ms (fair mode, handoff ${rows['nestjs-locked-fair']?.handoffP50Ms} ms)`,
+        },
+      ];
+    });
+    const releaseText = releaseReadings.length
+      ? `The release alone, from its start to its reply, took (p50 of each library's median round) ${releaseReadings.map((reading) => reading.text).join('; ')}` +
+        (releaseReadings.every((reading) => reading.vsPing > 2)
+          ? ': the raw limit\'s compare-and-delete alone already takes longer than 2 PING round trips with one caller, and a handoff through Redis takes at least a release and the reply or message that tells the next holder, about one such round trip. '
+          : '. ')
+      : '';
     if (readings.some((reading) => reading.missed)) {
       lines.push(
         `- **Scenario 3, handoff <= 2 x "the raw Redis round trip".** The issues leave the round trip open: the raw limit's own handoff, or PING, which the issue's raw limit measures "at the same concurrency" (8 callers here) and scenario 1 with one caller; this run checks all three (${readings.map((reading) => reading.text).join('; ')}). ` +
           'Fair mode hands the lock over inside the release script: the next waiter in the queue is the holder when the release returns, and learns it from the release reply (same process) or the release message, without a round trip of its own. ' +
           'Default mode lets any newcomer take a free lock (that is what makes it unfair, and cheaper when uncontended), so its release frees the lock instead of handing it over, except to a waiter of its own process. A release takes a waiter of the releasing process along, for at most 4 releases of a key in a row (the next one wakes waiters by its message only, so that other processes get their chance): the release script itself makes an exclusive waiter the holder when it frees the lock, and the waiter learns it from the release reply, without a command of its own (one hop, as in fair mode; read-write waits and replica confirmation send their attempt right behind the release instead). A waiter in another process still takes two hops: the release message, then its own acquire round trip. Handing the lock over inside Redis to waiters of other processes too would have a price: a waiter that crashed after it was queued holds a handed-over lock until its handover lease ends (up to fairQueueTimeoutMs), where today a crashed waiter costs the others nothing (a waiter handed the lock lives in the process that released it). ' +
-          `Against PING: from the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawAgainstPing} in this run; in two processes the next waiter may be in the other process, which learns of the handover from the release message and wakes from sleep to take it, where in one process the releaser itself hands it on from the release reply; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ` +
+          `Against PING: from the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawAgainstPing} in this run; in two processes the next waiter may be in the other process, which learns of the handover from the release message and wakes from sleep to take it, where in one process the releaser itself hands it on from the release reply; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ${releaseText}` +
           'How each change of the library and the state of the machine moved these ratios, run by run: "Earlier runs" below (scenario 3, handoff ratios).',
       );
     }

@@ -137,6 +137,8 @@ async function pairs(locker: Locker, workers: number, pairsEach: number): Promis
 interface Events {
   acquisitions: { worker: string; at: number }[];
   releases: number[];
+  /** How long each release took, from its start to its reply. */
+  releaseMs: number[];
 }
 
 /** `processes` contender children (bench/contender.ts) of `kind` on `key`, 8 workers between them. */
@@ -197,6 +199,7 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
     return {
       acquisitions: all.flatMap((e) => e.acquisitions).sort((a, b) => a.at - b.at),
       releases: all.flatMap((e) => e.releases).sort((a, b) => a - b),
+      releaseMs: all.flatMap((e) => e.releaseMs),
     };
   };
 
@@ -204,13 +207,15 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
   // first of a round is a waiter getting the lock; its handoff starts when the previous holder
   // started to release.
   const handoffs: number[] = [];
+  const releaseTimes: number[] = [];
   let acquired = 0;
   let roundTime = 0;
   for (let round = 0; round < 3 || roundTime < budgetMs; round++) {
     const started = performance.now();
-    const { acquisitions, releases } = await everyone({ type: 'round' });
+    const { acquisitions, releases, releaseMs } = await everyone({ type: 'round' });
     roundTime += performance.now() - started;
     acquired += acquisitions.length;
+    releaseTimes.push(...releaseMs);
     for (let i = 1; i < acquisitions.length; i++) {
       const previous = releases.filter((t) => t <= acquisitions[i]!.at).at(-1);
       if (previous !== undefined) handoffs.push(acquisitions[i]!.at - previous);
@@ -231,6 +236,8 @@ async function contended(kind: LockerKind, url: string, processes: number, budge
     acquisitionsPerSec: round((acquired / roundTime) * 1000, 0),
     handoffP50Ms: round(percentile(handoffs, 50), 3),
     handoffP99Ms: round(percentile(handoffs, 99), 3),
+    // The release's own round trip (start to reply), in the same rounds as the handoffs.
+    releaseP50Ms: round(percentile(releaseTimes, 50), 3),
     loopAcquisitionsPerSec: round((acquisitions.length / budgetMs) * 1000, 0),
     fairness: round(jain(counts), 3),
     handoffsToAnotherWorker: round(acquisitions.length > 1 ? switches / (acquisitions.length - 1) : 0, 3),

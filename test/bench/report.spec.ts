@@ -35,13 +35,14 @@ function written(results: Parameters<typeof writeReport>[0], recorded: Record<st
   }
 }
 
-function report(contendedRounds: number | undefined): string {
+function report(contendedRounds: number | undefined, releaseP50Ms?: Record<string, number>): string {
   // Per round, fair mode's handoff is 2.5, 2.25 and 1.17 x the raw limit's (median 2.25: missed);
   // the ratio of the two medians is 0.35 / 0.2 = 1.75 (met).
+  const release = (kind: string): Row => (releaseP50Ms?.[kind] === undefined ? {} : { releaseP50Ms: releaseP50Ms[kind]! });
   const rows = {
-    raw: row([0.1, 0.2, 0.3]),
-    'nestjs-locked': row([0.15, 0.3, 0.45]),
-    'nestjs-locked-fair': row([0.25, 0.45, 0.35]),
+    raw: row([0.1, 0.2, 0.3], release('raw')),
+    'nestjs-locked': row([0.15, 0.3, 0.45], release('nestjs-locked')),
+    'nestjs-locked-fair': row([0.25, 0.45, 0.35], release('nestjs-locked-fair')),
     'redis-semaphore': row([9, 10, 30]),
   };
   return written({
@@ -78,6 +79,21 @@ describe('BENCHMARKS.md, scenario 3', () => {
   it('compares redis-semaphore with our handoff round by round', () => {
     // Per round 9 / 0.15, 10 / 0.3 and 30 / 0.45: median 60 (the medians' ratio: 10 / 0.3 = 33.3).
     expect(target(report(3), 'default mode: handoff p50 >= 10 x faster than redis-semaphore')).toContain('| 60.0 x | met |');
+  });
+
+  it("sets the raw limit's release round trip against PING with one caller, when the run recorded releases", () => {
+    // PING with one caller: p50 0.02 ms. The raw limit's release: 0.05 ms, 2.5 x.
+    const md = report(3, { raw: 0.05, 'nestjs-locked': 0.07, 'nestjs-locked-fair': 0.08 });
+    expect(md).toContain("1x8: the raw limit's 0.05 ms, 2.5 x PING with one caller; nestjs-locked's 0.07 ms (default mode, handoff 0.3 ms) and 0.08 ms (fair mode, handoff 0.35 ms)");
+    expect(md).toContain("the raw limit's compare-and-delete alone already takes longer than 2 PING round trips with one caller");
+    expect(md.split('\n').find((line) => line.startsWith('| raw |'))).toContain('| 0.05 |');
+  });
+
+  it('draws no conclusion from a release within 2 PING round trips, and adds no column to results without releases', () => {
+    expect(report(3, { raw: 0.03, 'nestjs-locked': 0.07, 'nestjs-locked-fair': 0.08 })).not.toContain('already takes longer than 2 PING round trips');
+    const md = report(3);
+    expect(md).not.toContain('release p50 ms');
+    expect(md).not.toContain('The release alone');
   });
 
   it('explains a miss from this run only, and leaves the runs before it to "Earlier runs"', () => {
