@@ -11,7 +11,7 @@
  * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
 | `P{K}:queue:leases` | hash | fair mode: owner -> `<lease ms> <wait id>`: the lease to hand it the lock with, and which of its waits asked | as the queue |
  * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
- * | channel `P{K}`  | pub/sub | a message on every release that frees the lock or hands it to a fair waiter (RELEASE_TO's handover to the releasing process announces nothing): `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
+ * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
  * Every name of one lock starts with the same `{K}` hash tag, so on Redis Cluster they share a slot
  * (keys never contain braces; see `assertLockKey`). The channel name is passed to the scripts as an
@@ -274,9 +274,8 @@ return 0
  * RELEASE that hands a lock it frees to a waiter of the releasing process (default mode): when the
  * release frees the lock and no fair queue waits for it, `ARGV[5]` becomes the holder (hold count
  * 1, lease `ARGV[6]` ms, a fresh fencing token with the counter lifetime `ARGV[7]`, as ACQUIRE
- * grants a free lock). The waiter need not send an attempt of its own: the reply tells it. Nothing is
- * announced: the lock changed hands without being free, and a waiter woken elsewhere would only be
- * refused (the next release that frees the lock announces it).
+ * grants a free lock) and `released` is announced as RELEASE announces it. The waiter need not send
+ * an attempt of its own: the reply tells it.
  * KEYS and ARGV[1..4] as RELEASE; ARGV[5] the waiter's owner, ARGV[6] its lease in ms, ARGV[7] the
  * counter lifetime of its grant in ms (`0`: no token).
  * Returns as RELEASE, or {0, fencingToken} when the lock was handed to ARGV[5].
@@ -286,6 +285,7 @@ export const RELEASE_TO = releaseScript(`if redis.call('exists', lock, queue) ==
   ${nextToken('t', 'ARGV[7]')}
   redis.call('hset', lock, ARGV[5], '1')
   redis.call('pexpire', lock, ARGV[6])
+  redis.call(ARGV[3], ARGV[2], 'released')
   return {0, tonumber(token)}
 end
 `);
