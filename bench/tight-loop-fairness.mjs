@@ -4,11 +4,13 @@
 // Scenario 3 of `npm run bench` reads the same index from one loop per round; this repeats it.
 // argv: buildDir (compiled by `npm run bench`: .bench-build) redisPort loops; the redis-server is yours.
 import { fork } from 'node:child_process';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { performance } from 'node:perf_hooks';
 const [build, port, loops] = process.argv.slice(2);
 const url = `redis://127.0.0.1:${port}`;
-const jain = (xs) => { const s = xs.reduce((a, b) => a + b, 0); return (s * s) / (xs.length * xs.reduce((a, b) => a + b * b, 0)); };
+// Scenario 3's own index and rounding (bench/stats.ts, compiled into the build dir).
+const { jain, round } = await import(pathToFileURL(resolve(build, 'bench', 'stats.js')).href);
 const out = [];
 for (let l = 0; l < Number(loops); l++) {
   const key = `fair-probe:${process.pid}:${l}`;
@@ -22,7 +24,7 @@ for (let l = 0; l < Number(loops); l++) {
   const per = new Map(); for (const a of all) per.set(a.worker, (per.get(a.worker) ?? 0) + 1);
   const counts = ['0:0','0:1','0:2','0:3','1:0','1:1','1:2','1:3'].map((w) => per.get(w) ?? 0);
   const byProc = [counts.slice(0, 4).reduce((a, b) => a + b), counts.slice(4).reduce((a, b) => a + b)];
-  out.push({ jain: +jain(counts).toFixed(3), byProc });
+  out.push({ jain: round(jain(counts), 3), byProc });
   for (const c of kids) c.send({ type: 'stop' });
   await Promise.all(kids.map((c) => new Promise((r) => c.once('exit', r))));
 }
