@@ -185,6 +185,35 @@ describe('waiting for a held lock', () => {
     expect(await app.locks.acquire(key, { waitMs: 0 }).then((h) => h.release())).toBeUndefined();
   });
 
+  it('wakes a waiter of another process at a release that takes a local waiter along', async () => {
+    const key = 'behind:announced';
+    // Leases of 120 s: no renewal (every 40 s) runs a script during the test.
+    const holder = await app.locks.acquire(key, { leaseMs: 120_000 });
+    let theirsDone = false;
+    const theirs = other.locks.acquire(key, { waitMs: 60_000 }).finally(() => (theirsDone = true));
+    await until(async () => asleep(other, key) === 1, 10_000, 'the other process\'s waiter asleep');
+    const mine = app.locks.acquire(key, { waitMs: 60_000, leaseMs: 120_000 });
+    await until(async () => asleep(app, key) === 1, 10_000, 'the local waiter asleep');
+    const listener = redis.client();
+    const messages: string[] = [];
+    listener.on('message', (_channel: string, message: string) => messages.push(message));
+    await listener.subscribe(`lock:{${key}}`);
+    const before = await scriptCalls(raw);
+    await holder.release();
+    const handed = await mine;
+    expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [handed.owner]: '1' });
+    await until(async () => messages.length > 0, 10_000, 'the release announced');
+    expect(messages).toEqual(['released']);
+    // The release, then the other process's attempt: only the release's message can wake that
+    // waiter now (the lease it last saw is 120 s), and its attempt is refused.
+    await until(async () => (await scriptCalls(raw)) - before >= 2, 10_000, 'the other process\'s waiter trying again');
+    await until(async () => asleep(other, key) === 1, 10_000, 'the other process\'s waiter asleep again');
+    expect(theirsDone).toBe(false);
+    listener.disconnect();
+    await handed.release();
+    await (await theirs).release();
+  });
+
   it('hands the lock to a fair waiter of another process first when one is queued: the local waiter tries again', async () => {
     const key = 'behind:fair-queued';
     const holder = await app.locks.acquire(key);
