@@ -421,22 +421,42 @@ function explainMisses(r: Results, e: Extras): string[] {
   }
   if (r.contended) {
     const readings = Object.entries(r.contended).map(([topology, rows]) => {
-      const [, ...pings] = yardsticks(r, topology, rows);
-      const of = (kind: string) =>
-        yardsticks(r, topology, rows)
-          .map(({ name, row: base }) => {
-            const ratio = p50Ratio(r, rows[kind]!, base);
-            // In rounds, how far one round's ratio moved: the spread the median hides.
-            const range = r.contendedRounds ? rangeOf(rows[kind]!.runs as number[] | undefined, base.runs as number[] | undefined) : undefined;
-            return `${ratio.toFixed(2)} x ${name} (${check(ratio <= 2)}${range ? `; rounds ${range}` : ''})`;
-          })
-          .join(', ');
-      const missed = ['nestjs-locked-fair', 'nestjs-locked'].some((kind) => yardsticks(r, topology, rows).some(({ row: base }) => p50Ratio(r, rows[kind]!, base) > 2));
+      const sticks = yardsticks(r, topology, rows);
+      const [, ...pings] = sticks;
+      // One cell per yardstick: the median round's ratio, met or missed, and how far one round's ratio moved.
+      const cells = (kind: string) =>
+        sticks.map(({ row: base }) => {
+          const ratio = p50Ratio(r, rows[kind]!, base);
+          const range = r.contendedRounds ? rangeOf(rows[kind]!.runs as number[] | undefined, base.runs as number[] | undefined) : undefined;
+          return `${ratio.toFixed(2)} x, ${check(ratio <= 2)}${range ? `; rounds ${range}` : ''}`;
+        });
+      const missed = ['nestjs-locked-fair', 'nestjs-locked'].some((kind) => sticks.some(({ row: base }) => p50Ratio(r, rows[kind]!, base) > 2));
       // The raw limit's own handoff against each PING reading of this topology.
       const rawVsPing = pings.map(({ name, row: base }) => ({ name, ratio: p50Ratio(r, rows.raw!, base) }));
-      const rawText = rawVsPing.map(({ name, ratio }) => `${ratio.toFixed(1)} x ${name}`).join(' and ');
-      return { topology, missed, rawVsPing, text: `${topology}: fair mode ${of('nestjs-locked-fair')}; default mode ${of('nestjs-locked')}; the raw limit itself ${rawText}` };
+      const rawCells = sticks.map(({ row: base }) => (base === rows.raw ? '1.00 x' : `${p50Ratio(r, rows.raw!, base).toFixed(2)} x`));
+      // Each library's own p50s (of its median round), and its release's when the run recorded releases.
+      const releases = rows.raw?.releaseP50Ms !== undefined;
+      const own = (kind: string) => [String(rows[kind]!.handoffP50Ms), ...(releases ? [String(rows[kind]!.releaseP50Ms ?? '-')] : [])];
+      return {
+        topology,
+        missed,
+        rawVsPing,
+        header: ['handoff p50 ms', ...(releases ? ['release p50 ms'] : []), ...sticks.map(({ name }) => `vs ${name}`)],
+        rows: [
+          [topology, 'fair mode', ...own('nestjs-locked-fair'), ...cells('nestjs-locked-fair')],
+          [topology, 'default mode', ...own('nestjs-locked'), ...cells('nestjs-locked')],
+          [topology, 'the raw limit itself', ...own('raw'), ...rawCells],
+        ],
+      };
     });
+    // One table when every topology has the same yardsticks (every run so far), else one per topology.
+    const sameHeader = readings.every((reading) => reading.header.join() === readings[0]!.header.join());
+    const tableOf = (group: typeof readings) => [
+      `  | topology | handoff of | ${group[0]!.header.join(' | ')} |`,
+      `  |---|---|${group[0]!.header.map(() => '---').join('|')}|`,
+      ...group.flatMap((reading) => reading.rows.map((cells) => `  | ${cells.join(' | ')} |`)),
+    ];
+    const readingsTable = sameHeader ? tableOf(readings) : readings.flatMap((reading, i) => [...(i > 0 ? [''] : []), ...tableOf([reading])]);
     // The PING readings the raw limit stays within 2 x of in every topology, and those it misses in some.
     const pingNames = [...new Set(readings.flatMap((reading) => reading.rawVsPing.map(({ name }) => name)))];
     const within = pingNames.filter((name) => readings.every((reading) => reading.rawVsPing.some((p) => p.name === name && p.ratio <= 2)));
@@ -456,23 +476,25 @@ function explainMisses(r: Results, e: Extras): string[] {
       return [
         {
           vsPing,
-          text: `${topology}: the raw limit's ${raw} ms, ${vsPing.toFixed(1)} x PING with one caller; nestjs-locked's ${rows['nestjs-locked']?.releaseP50Ms} ms (default mode, handoff ${rows['nestjs-locked']?.handoffP50Ms} ms) and ${rows['nestjs-locked-fair']?.releaseP50Ms} ms (fair mode, handoff ${rows['nestjs-locked-fair']?.handoffP50Ms} ms)`,
+          text: `${vsPing.toFixed(1)} x PING with one caller in ${topology}`,
         },
       ];
     });
     const releaseText = releaseReadings.length
-      ? `The release alone, from its start to its reply, took (p50 of each library's median round) ${releaseReadings.map((reading) => reading.text).join('; ')}` +
+      ? `The release alone, from its start to its reply (the table's release p50), took the raw limit ${releaseReadings.map((reading) => reading.text).join(' and ')}` +
         (releaseReadings.every((reading) => reading.vsPing > 2)
           ? ': the raw limit\'s compare-and-delete alone already takes longer than 2 PING round trips with one caller, and a handoff through Redis takes at least a release and the reply or message that tells the next holder, about one such round trip. '
           : '. ')
       : '';
     if (readings.some((reading) => reading.missed)) {
       lines.push(
-        `- **Scenario 3, handoff <= 2 x "the raw Redis round trip".** The issues leave the round trip open: the raw limit's own handoff, or PING, which the issue's raw limit measures "at the same concurrency" (8 callers here) and scenario 1 with one caller; this run checks all three (${readings.map((reading) => reading.text).join('; ')}). ` +
+        `- **Scenario 3, handoff <= 2 x "the raw Redis round trip".** The issues leave the round trip open: the raw limit's own handoff, or PING, which the issue's raw limit measures "at the same concurrency" (8 callers here) and scenario 1 with one caller; this run checks all three, each ${r.contendedRounds ? 'by the median of the per-round ratios, with how far one round\'s ratio moved' : 'by the ratio of the medians'}, in the table under this paragraph. ` +
           'Fair mode hands the lock over inside the release script: the next waiter in the queue is the holder when the release returns, and learns it from the release reply (same process) or the release message, without a round trip of its own. ' +
           'Default mode lets any newcomer take a free lock (that is what makes it unfair, and cheaper when uncontended), so its release frees the lock instead of handing it over, except to a waiter of its own process. A release takes a waiter of the releasing process along, for at most 4 releases of a key in a row (the next one wakes waiters by its message only, so that other processes get their chance): the release script itself makes an exclusive waiter the holder when it frees the lock, and the waiter learns it from the release reply, without a command of its own (one hop, as in fair mode; read-write waits and replica confirmation send their attempt right behind the release instead). A waiter in another process still takes two hops: the release message, then its own acquire round trip. Handing the lock over inside Redis to waiters of other processes too would have a price: a waiter that crashed after it was queued holds a handed-over lock until its handover lease ends (up to fairQueueTimeoutMs), where today a crashed waiter costs the others nothing (a waiter handed the lock lives in the process that released it). ' +
           `Against PING: from the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawAgainstPing} in this run; in two processes the next waiter may be in the other process, which learns of the handover from the release message and wakes from sleep to take it, where in one process the releaser itself hands it on from the release reply; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ${releaseText}` +
           'How each change of the library and the state of the machine moved these ratios, run by run: "Earlier runs" below (scenario 3, handoff ratios).',
+        '',
+        ...readingsTable,
       );
     }
   }

@@ -84,7 +84,11 @@ describe('BENCHMARKS.md, scenario 3', () => {
   it("sets the raw limit's release round trip against PING with one caller, when the run recorded releases", () => {
     // PING with one caller: p50 0.02 ms. The raw limit's release: 0.05 ms, 2.5 x.
     const md = report(3, { raw: 0.05, 'nestjs-locked': 0.07, 'nestjs-locked-fair': 0.08 });
-    expect(md).toContain("1x8: the raw limit's 0.05 ms, 2.5 x PING with one caller; nestjs-locked's 0.07 ms (default mode, handoff 0.3 ms) and 0.08 ms (fair mode, handoff 0.35 ms)");
+    expect(md).toContain('took the raw limit 2.5 x PING with one caller in 1x8');
+    // Each library's release beside its handoff, in the table under the explanation.
+    expect(md).toContain('  | 1x8 | fair mode | 0.35 | 0.08 |');
+    expect(md).toContain('  | 1x8 | default mode | 0.3 | 0.07 |');
+    expect(md).toContain('  | 1x8 | the raw limit itself | 0.2 | 0.05 |');
     expect(md).toContain("the raw limit's compare-and-delete alone already takes longer than 2 PING round trips with one caller");
     expect(md.split('\n').find((line) => line.startsWith('| raw |'))).toContain('| 0.05 |');
   });
@@ -92,8 +96,22 @@ describe('BENCHMARKS.md, scenario 3', () => {
   it('draws no conclusion from a release within 2 PING round trips, and adds no column to results without releases', () => {
     expect(report(3, { raw: 0.03, 'nestjs-locked': 0.07, 'nestjs-locked-fair': 0.08 })).not.toContain('already takes longer than 2 PING round trips');
     const md = report(3);
-    expect(md).not.toContain('release p50 ms');
+    expect(md).not.toContain('release p50');
     expect(md).not.toContain('The release alone');
+    expect(md).toContain('  | 1x8 | fair mode | 0.35 | 2.25 x');
+  });
+
+  it('tabulates each mode against each yardstick under the explanation: the median round, met or missed, and the rounds\' range', () => {
+    const md = report(3);
+    const rows = md.split('\n').filter((line) => line.startsWith('  | 1x8 |'));
+    // Fair mode per round: 2.5, 2.25 and 1.17 x the raw limit's handoff; 25, 22.5 and 11.7 x PING with
+    // one caller; 2.5, 2.25 and 1.17 x PING at the same concurrency.
+    expect(rows[0]).toBe('  | 1x8 | fair mode | 0.35 | 2.25 x, **missed**; rounds 1.17 to 2.50 | 22.50 x, **missed**; rounds 11.67 to 25.00 | 2.25 x, **missed**; rounds 1.17 to 2.50 |');
+    // Default mode per round: 1.5 x each of the raw limit's handoff and PING at the same concurrency.
+    expect(rows[1]).toBe('  | 1x8 | default mode | 0.3 | 1.50 x, met; rounds 1.50 to 1.50 | 15.00 x, **missed**; rounds 15.00 to 15.00 | 1.50 x, met; rounds 1.50 to 1.50 |');
+    expect(rows[2]).toBe('  | 1x8 | the raw limit itself | 0.2 | 1.00 x | 10.00 x | 1.00 x |');
+    // Results written before the rounds: the ratio of the medians, and no range.
+    expect(report(undefined)).toContain('  | 1x8 | fair mode | 0.35 | 1.75 x, met | 17.50 x, **missed** | 1.75 x, met |');
   });
 
   it('explains a miss from this run only, and leaves the runs before it to "Earlier runs"', () => {
