@@ -211,3 +211,27 @@ describe('BENCHMARKS.md, scenario 1', () => {
     expect(line(reportWithBreakdown(measured))).toBeUndefined();
   });
 });
+
+describe('BENCHMARKS.md, scenario 2', () => {
+  it('explains write batching from this run only, and leaves the runs before it to "Earlier runs"', () => {
+    const concurrent = (pairsPerSec: number): Row => ({ pairsPerSec, p99Ms: 2 });
+    const md = written({
+      date: '2026-11-25T00:00:00Z',
+      machine: { cores: 2, node: 'v20', redis: '7' },
+      repeats: 3,
+      concurrent: {
+        raw: concurrent(1000),
+        'nestjs-locked': concurrent(1100),
+        redlock: concurrent(700),
+        'sesame-redlock': concurrent(700),
+        'redis-semaphore': concurrent(800),
+        'raw-batched': concurrent(2000),
+      },
+    });
+    const why = md.split('\n').find((line) => line.startsWith('nestjs-locked writes the commands its callers send')) ?? '';
+    expect(why).toContain('nestjs-locked reaches 0.55x of it, and the batching alone takes the raw limit to 2.00x.');
+    expect(why).toContain('"Earlier runs" below (scenario 2, by run)');
+    // No earlier run is named by its commit: the paragraph stays true after the next full run.
+    expect(why).not.toMatch(/\b[0-9a-f]{7}\b/);
+  });
+});
