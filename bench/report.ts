@@ -493,6 +493,8 @@ function explainMisses(r: Results, e: Extras): string[] {
           'How each change of the library and the state of the machine moved these ratios, run by run: "Earlier runs" below (scenario 3, handoff ratios).',
         '',
         ...readingsTable,
+        // A table ends at a blank line: the next item must not read as one of its rows.
+        '',
       );
     }
   }
