@@ -591,6 +591,21 @@ export class RedisLockStore implements LockStore {
     }
   }
 
+  /**
+   * Subscribes a reconnected subscriber to every channel that has an entry again. Never rejects: if
+   * it fails (the connection dropped again: its next 'ready' tries again), waiters still wake when
+   * the holder's lease ends.
+   */
+  private async resubscribe(sub: RedisClient): Promise<void> {
+    const channels = [...this.channels.keys()];
+    if (channels.length === 0 || this.closed) return;
+    try {
+      await (sub as Redis).subscribe(...channels);
+    } catch (e) {
+      if (!this.closed && this.subscriber === sub) this.log.warn(`could not resubscribe to ${channels.length} release channel(s) after a reconnect; waiting falls back to lease-bounded retries until the next one: ${String(e)}`);
+    }
+  }
+
   private getSubscriber(): RedisClient {
     if (this.subscriber) return this.subscriber;
     // Our own connection: a short disconnectTimeout keeps close() from leaving a 2 s timer behind.
@@ -599,7 +614,10 @@ export class RedisLockStore implements LockStore {
           shardedSubscribers: this.publish === 'spublish',
           redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
         })
-      : (this.client as Redis).duplicate({ disconnectTimeout: 100 });
+      : // Resubscribed by us on reconnect (see 'ready' below), not by ioredis: its own resubscription
+        // (ioredis 5 and 6.0) leaves a rejection unhandled when the connection closes before
+        // Redis answers, as at shutdown during a reconnect, and Node ends the process on it.
+        (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false });
     let connectedBefore = false;
     let lastError = '';
     const onMessage = (channel: string, payload: string) => {
@@ -618,10 +636,15 @@ export class RedisLockStore implements LockStore {
     sub.on('message', onMessage);
     sub.on('smessage', onMessage);
     sub.on('ready', () => {
-      // Releases published while we were disconnected are lost: let one waiter per key retry.
-      if (connectedBefore) this.waiters.notifyAll();
-      connectedBefore = true;
       lastError = '';
+      if (!connectedBefore) {
+        connectedBefore = true;
+        return;
+      }
+      // Releases published while we were disconnected are lost: let one waiter per key retry, once
+      // the channels are watched again (a Cluster's subscriber resubscribes itself).
+      if (this.cluster) this.waiters.notifyAll();
+      else void this.resubscribe(sub).then(() => this.waiters.notifyAll());
     });
     sub.on('error', (e: Error) => {
       if (e.message !== lastError && !this.closed) this.log.debug(`release subscriber: ${e.message}`);

@@ -1,0 +1,104 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { performance } from 'node:perf_hooks';
+import { LockBackendError } from '../../lib/index.js';
+import { RedisServer, tcpProxy, until } from '../support/redis-server.js';
+import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+
+/** How many connections are subscribed to `lock:{key}`'s release channel. */
+async function subscribers(raw: Redis, key: string): Promise<number> {
+  return Number(((await raw.pubsub('NUMSUB', `lock:{${key}}`)) as unknown[])[1]);
+}
+
+/** The ids of the connections subscribed to at least one channel. */
+async function subscribedConnections(raw: Redis): Promise<string[]> {
+  const list = String(await raw.call('CLIENT', 'LIST', 'TYPE', 'pubsub'));
+  return [...list.matchAll(/^id=(\d+) .* sub=(\d+) /gm)].filter((m) => Number(m[2]) > 0).map((m) => m[1]!);
+}
+
+/**
+ * The waiters' subscriber connection dropped and reconnected: nestjs-locked subscribes to its
+ * release channels again itself (ioredis's own resubscription, in ioredis 5 and 6.0, leaves a
+ * rejection unhandled when the connection closes before Redis answers it, and Node ends the
+ * process on an unhandled rejection by default).
+ */
+describe('the release subscriber after a dropped connection', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let holderApp: LockApp;
+  const unhandled: unknown[] = [];
+  const record = (e: unknown) => unhandled.push(e);
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    holderApp = await startLockApp({ redis: redis.url, leaseMs: 60_000 });
+    process.on('unhandledRejection', record);
+  });
+  afterEach(() => {
+    unhandled.length = 0;
+  });
+  afterAll(async () => {
+    process.off('unhandledRejection', record);
+    await holderApp?.close();
+    await redis?.stop();
+  });
+
+  it('watches its release channels again, so a later release wakes the waiter by message, not by lease', async () => {
+    const key = 'resubscribe:wake';
+    const app = await startLockApp({ redis: redis.url, leaseMs: 60_000, waitMs: 120_000 });
+    try {
+      const holder = await holderApp.locks.acquire(key);
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = app.locks.acquire(key);
+      waiting.catch(() => undefined);
+      await contended;
+      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      expect(Number(await raw.call('CLIENT', 'KILL', 'TYPE', 'pubsub'))).toBe(1);
+      // Killed: nobody watches the channel until the subscriber reconnected and subscribed again.
+      expect(await subscribers(raw, key)).toBe(0);
+      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the channel subscribed again');
+      const releasedAt = performance.now();
+      await holder.release();
+      const lock = await waiting;
+      // The holder's lease is 60 s: only the release message hands the lock over this fast.
+      expect(performance.now() - releasedAt).toBeLessThan(5_000);
+      await lock.release();
+      expect(app.logger.at('warn')).toEqual([]);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('shuts down without an unhandled rejection while its resubscription is unanswered', async () => {
+    const key = 'resubscribe:shutdown';
+    const link = await tcpProxy(redis.port);
+    const app = await startLockApp({ redis: `redis://127.0.0.1:${link.port}`, leaseMs: 60_000, waitMs: 120_000 });
+    let closed = false;
+    try {
+      const holder = await holderApp.locks.acquire(key);
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = app.locks.acquire(key);
+      waiting.catch(() => undefined);
+      await contended;
+      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      const before = await subscribedConnections(raw);
+      expect(before).toHaveLength(1);
+      // Every connection of the app drops; from the next SUBSCRIBE on (the resubscription, sent
+      // once the subscriber is ready again), Redis's replies never arrive.
+      link.cut();
+      link.holdRepliesFrom('subscribe');
+      // Redis may see the old connection close after the new one subscribed: told apart by id.
+      await until(async () => (await subscribedConnections(raw)).some((id) => !before.includes(id)), 10_000, 'the resubscription run in Redis');
+      await app.close();
+      closed = true;
+      await expect(waiting).rejects.toBeInstanceOf(LockBackendError);
+      // An unhandled rejection is reported once the microtasks ran out, before the next macrotask.
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(unhandled).toEqual([]);
+      await holder.release();
+    } finally {
+      if (!closed) await app.close();
+      await link.close();
+    }
+  });
+});
