@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError } from '../../lib/index.js';
+import { LockBackendError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, tcpProxy, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
@@ -43,16 +43,23 @@ describe('the release subscriber after a dropped connection', () => {
     await redis?.stop();
   });
 
+  /** `holderApp` holds `key` and `app` waits for it, subscribed to its release channel. */
+  async function waiterBehindHolder(app: LockApp, key: string): Promise<{ holder: LockHandle; waiting: Promise<LockHandle> }> {
+    const holder = await holderApp.locks.acquire(key);
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+    const waiting = app.locks.acquire(key);
+    // Awaited by the test; handled here, so a test that fails earlier reports its own failure.
+    waiting.catch(() => undefined);
+    await contended;
+    await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+    return { holder, waiting };
+  }
+
   it('watches its release channels again, so a later release wakes the waiter by message, not by lease', async () => {
     const key = 'resubscribe:wake';
     const app = await startLockApp({ redis: redis.url, leaseMs: 60_000, waitMs: 120_000 });
     try {
-      const holder = await holderApp.locks.acquire(key);
-      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = app.locks.acquire(key);
-      waiting.catch(() => undefined);
-      await contended;
-      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      const { holder, waiting } = await waiterBehindHolder(app, key);
       expect(Number(await raw.call('CLIENT', 'KILL', 'TYPE', 'pubsub'))).toBe(1);
       // Killed: nobody watches the channel until the subscriber reconnected and subscribed again.
       expect(await subscribers(raw, key)).toBe(0);
@@ -75,12 +82,7 @@ describe('the release subscriber after a dropped connection', () => {
     const app = await startLockApp({ redis: `redis://127.0.0.1:${link.port}`, leaseMs: 60_000, waitMs: 120_000 });
     let closed = false;
     try {
-      const holder = await holderApp.locks.acquire(key);
-      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = app.locks.acquire(key);
-      waiting.catch(() => undefined);
-      await contended;
-      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      const { holder, waiting } = await waiterBehindHolder(app, key);
       const before = await subscribedConnections(raw);
       expect(before).toHaveLength(1);
       // Every connection of the app drops; from the next SUBSCRIBE on (the resubscription, sent

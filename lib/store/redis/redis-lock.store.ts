@@ -615,8 +615,8 @@ export class RedisLockStore implements LockStore {
           redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
         })
       : // Resubscribed by us on reconnect (see 'ready' below), not by ioredis: its own resubscription
-        // (ioredis 5 and 6.0) leaves a rejection unhandled when the connection closes before
-        // Redis answers, as at shutdown during a reconnect, and Node ends the process on it.
+        // (every release up to 5.11.1 and 6.0.0) leaves a rejection unhandled when the connection
+        // closes before Redis answers, as at shutdown during a reconnect, and Node ends the process on it.
         (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false });
     let connectedBefore = false;
     let lastError = '';
