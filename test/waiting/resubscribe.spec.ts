@@ -76,6 +76,40 @@ describe('the release subscriber after a dropped connection', () => {
     }
   });
 
+  it('warns when Redis refuses the resubscription, and its waiter still gets the lock once the holder releases', async () => {
+    const key = 'resubscribe:refused';
+    // A user of its own for the waiter's app, whose channel access the test takes away (Redis then
+    // drops its subscribed connections) and gives back. The holder's app keeps the default user.
+    await raw.call('ACL', 'SETUSER', 'waiter', 'on', '>waiter-password', '~*', '&*', '+@all');
+    // A 1 s lease (renewed by the holder's watchdog): a waiter that missed the release message retries within it.
+    const holderShort = await startLockApp({ redis: redis.url, leaseMs: 1_000 });
+    const app = await startLockApp({ redis: `redis://waiter:waiter-password@127.0.0.1:${redis.port}`, leaseMs: 60_000, waitMs: 120_000 });
+    try {
+      const holder = await holderShort.locks.acquire(key);
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = app.locks.acquire(key);
+      waiting.catch(() => undefined);
+      await contended;
+      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      await raw.call('ACL', 'SETUSER', 'waiter', 'resetchannels');
+      // Redis closed the subscriber; it reconnects, and its SUBSCRIBE is refused (NOPERM).
+      await until(async () => app.logger.at('warn').length > 0, 10_000, 'the refused resubscription logged');
+      expect(app.logger.at('warn')).toEqual([expect.stringMatching(/could not resubscribe to 1 release channel\(s\) after a reconnect.*NOPERM/)]);
+      expect(await subscribers(raw, key)).toBe(0);
+      // Channels allowed again (the waiter's own attempts publish in their scripts), but nobody
+      // watches this one: the release message goes unheard, and the waiter retries within the lease.
+      await raw.call('ACL', 'SETUSER', 'waiter', 'allchannels');
+      await holder.release();
+      const lock = await waiting;
+      expect(lock.key).toBe(key);
+      await lock.release();
+      expect(unhandled).toEqual([]);
+    } finally {
+      await app.close();
+      await holderShort.close();
+    }
+  });
+
   it('shuts down without an unhandled rejection while its resubscription is unanswered', async () => {
     const key = 'resubscribe:shutdown';
     const link = await tcpProxy(redis.port);
