@@ -43,9 +43,9 @@ describe('the release subscriber after a dropped connection', () => {
     await redis?.stop();
   });
 
-  /** `holderApp` holds `key` and `app` waits for it, subscribed to its release channel. */
-  async function waiterBehindHolder(app: LockApp, key: string): Promise<{ holder: LockHandle; waiting: Promise<LockHandle> }> {
-    const holder = await holderApp.locks.acquire(key);
+  /** `holders` (`holderApp` unless given) holds `key` and `app` waits for it, subscribed to its release channel. */
+  async function waiterBehindHolder(app: LockApp, key: string, holders = holderApp): Promise<{ holder: LockHandle; waiting: Promise<LockHandle> }> {
+    const holder = await holders.locks.acquire(key);
     const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
     const waiting = app.locks.acquire(key);
     // Awaited by the test; handled here, so a test that fails earlier reports its own failure.
@@ -85,12 +85,7 @@ describe('the release subscriber after a dropped connection', () => {
     const holderShort = await startLockApp({ redis: redis.url, leaseMs: 1_000 });
     const app = await startLockApp({ redis: `redis://waiter:waiter-password@127.0.0.1:${redis.port}`, leaseMs: 60_000, waitMs: 120_000 });
     try {
-      const holder = await holderShort.locks.acquire(key);
-      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = app.locks.acquire(key);
-      waiting.catch(() => undefined);
-      await contended;
-      await until(async () => (await subscribers(raw, key)) === 1, 10_000, 'the waiter subscribed');
+      const { holder, waiting } = await waiterBehindHolder(app, key, holderShort);
       await raw.call('ACL', 'SETUSER', 'waiter', 'resetchannels');
       // Redis closed the subscriber; it reconnects, and its SUBSCRIBE is refused (NOPERM).
       await until(async () => app.logger.at('warn').length > 0, 10_000, 'the refused resubscription logged');
