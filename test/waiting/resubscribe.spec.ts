@@ -91,7 +91,7 @@ describe('the release subscriber after a dropped connection', () => {
       await until(async () => app.logger.at('warn').length > 0, 10_000, 'the refused resubscription logged');
       expect(app.logger.at('warn')).toEqual([expect.stringMatching(/could not resubscribe to 1 release channel\(s\) after a reconnect.*NOPERM/)]);
       expect(await subscribers(raw, key)).toBe(0);
-      // Channels allowed again (the waiter's own attempts publish in their scripts), but nobody
+      // Channels allowed again (the waiter's app publishes on this one when it releases), but nobody
       // watches this one: the release message goes unheard, and the waiter retries within the lease.
       await raw.call('ACL', 'SETUSER', 'waiter', 'allchannels');
       await holder.release();
