@@ -593,8 +593,8 @@ export class RedisLockStore implements LockStore {
 
   /**
    * Subscribes a reconnected subscriber to every channel that has an entry again. Never rejects: if
-   * it fails (the connection dropped again: its next 'ready' tries again), waiters still wake when
-   * the holder's lease ends.
+   * it fails (the connection dropped again, or Redis refused it: a warning; the next 'ready' tries
+   * again), waiters still wake when the holder's lease ends.
    */
   private async resubscribe(sub: RedisClient): Promise<void> {
     const channels = [...this.channels.keys()];
