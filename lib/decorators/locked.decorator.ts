@@ -63,6 +63,12 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
       if (siteIndex !== undefined && args[siteIndex] instanceof LockCallSite) {
         site = args[siteIndex] as LockCallSite;
         args = [...args.slice(0, siteIndex), ...args.slice(siteIndex + 1)];
+      } else if (siteIndex !== undefined && args.length === siteIndex + 1 && args[siteIndex] !== undefined) {
+        // Nest filled the call-site parameter in and a pipe replaced it: a lock that could not be
+        // had would then reach the client as a 500 instead of a 409, so the call fails here, loudly.
+        const error = changedCallSite(where, siteIndex, args[siteIndex]);
+        if (spec.observable) return new Observable((s) => s.error(error));
+        return Promise.reject(error);
       }
       const locks = this?.[LOCK_SERVICE];
       if (!locks) {
@@ -92,6 +98,15 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
     if (siteIndex === undefined) UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
     return descriptor;
   };
+}
+
+function changedCallSite(where: string, index: number, value: unknown): LockConfigurationError {
+  const got = value === null ? 'null' : typeof value === 'object' ? `an object (${(value as object).constructor?.name ?? 'no prototype'})` : typeof value;
+  return new LockConfigurationError(
+    '@Locked',
+    `${where}: the parameter @Locked declares after the method's own (index ${index}, type 'custom', no metatype) reached the method as ${got}, not as the LockCallSite Nest filled in: a pipe changed it. ` +
+      `A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged (check metadata.type), or lock failures could not be answered with 409 / 423 / 503 (README, "How it is built").`,
+  );
 }
 
 function buildSpec(
