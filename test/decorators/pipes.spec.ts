@@ -22,8 +22,9 @@ import { RedisServer } from '../support/redis-server.js';
 
 // @Locked declares one custom parameter after a handler's own (README, "How it is built"), and
 // every global pipe is shown it. These tests run a @Locked route under the global pipe most Nest
-// apps register (ValidationPipe with transform and whitelist), and under a pipe that replaces the
-// values it is given, which @Locked must refuse loudly instead of answering contention with a 500.
+// apps register (ValidationPipe with transform and whitelist, here validating custom parameters
+// too), and under a pipe that replaces the values it is given, which @Locked must refuse loudly
+// instead of answering contention with a 500.
 
 class OrderDto {
   @IsString() id!: string;
@@ -94,9 +95,9 @@ describe('@Locked under global pipes', () => {
     await redis?.stop();
   });
 
-  it('works under ValidationPipe({ transform, whitelist, forbidNonWhitelisted }): the key follows the DTO, contention answers 409', async () => {
+  it('works under ValidationPipe({ transform, whitelist, forbidNonWhitelisted, validateCustomDecorators }): the key follows the DTO, contention answers 409', async () => {
     const recording = new RecordingPipe();
-    const { app, url } = await serve((a) => a.useGlobalPipes(new ValidationPipe({ transform: true, whitelist: true, forbidNonWhitelisted: true }), recording));
+    const { app, url } = await serve((a) => a.useGlobalPipes(new ValidationPipe({ transform: true, whitelist: true, forbidNonWhitelisted: true, validateCustomDecorators: true }), recording));
     const controller = app.get(OrdersController);
 
     const ok = await post(url, { id: 'A1', qty: 2 });
