@@ -86,4 +86,8 @@ describe('@Locked on methods of a base class', () => {
     await held.release();
     await expect(moduleRef.get(Invoices).run('4')).resolves.toMatchObject({ key: 'job:4' });
   });
+
+  it('names the class that declares the decorator in its errors', async () => {
+    await expect(moduleRef.get(Invoices).run(undefined as never)).rejects.toThrow(/^@Locked on Job\.run: .*argument <0> is undefined/);
+  });
 });
