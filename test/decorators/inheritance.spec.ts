@@ -14,7 +14,7 @@ abstract class Job {
   abstract readonly name: string;
 
   @Locked('job:<0>', { waitMs: 0 })
-  async run(id: string) {
+  async run(id: string): Promise<Record<string, unknown>> {
     return { job: this.name, key: this.locks.current()?.key, holdCount: this.locks.current()?.holdCount, inner: await this.step(id) };
   }
 
@@ -41,7 +41,7 @@ class Reports extends Job {
 
   // An override with a lock of its own around the base class's locked method.
   @Locked('reports:<0>')
-  override async run(id: string) {
+  override async run(id: string): Promise<Record<string, unknown>> {
     return { outer: this.locks.current()?.key, base: await super.run(id) };
   }
 
