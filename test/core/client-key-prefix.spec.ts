@@ -1,0 +1,116 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
+import { LockNotAcquiredError } from '../../lib/index.js';
+import { aborted, asleep, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { RedisServer, until } from '../support/redis-server.js';
+
+// Teams often share one ioredis client whose own `keyPrefix` option namespaces the app's keys.
+// ioredis prefixes the KEYS of every command (EVALSHA's included) but not pub/sub channels: every
+// name nestjs-locked writes must then carry the client's prefix, and release messages must still
+// reach the waiters.
+
+describe("a client with ioredis's own keyPrefix", () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  const apps: LockApp[] = [];
+  const clients: Redis[] = [];
+  let passed: LockApp;
+  let built: LockApp;
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.shared();
+    const client = new Redis(redis.port, '127.0.0.1', { keyPrefix: 'app:' });
+    clients.push(client);
+    passed = await startLockApp({ redis: client });
+    // The same prefix given as ioredis options: the module makes its own connection with it.
+    built = await startLockApp({ redis: { host: '127.0.0.1', port: redis.port, keyPrefix: 'app:' } });
+    apps.push(passed, built);
+  });
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    for (const client of clients) await client.quit();
+    await redis?.stop();
+  });
+
+  /** Every key in Redis but the fencing counters, which stay for their lifetime. */
+  const locksInRedis = async () => (await raw.keys('*')).filter((k) => !k.endsWith(':fence')).sort();
+
+  it('writes every name under the prefix and leaves nothing behind, each way a lock is taken', async () => {
+    const held = await passed.locks.acquire('p:held');
+    const group = await passed.locks.acquire(['p:g1', 'p:g2']);
+    const read = await passed.locks.readLock('p:read');
+    expect(await raw.keys('*')).toEqual(expect.arrayContaining(['app:lock:{p:held}', 'app:lock:{p:held}:fence', 'app:lock:{p:g1}', 'app:lock:{p:g2}', 'app:lock:{p:read}']));
+    expect((await raw.keys('*')).filter((k) => !k.startsWith('app:'))).toEqual([]);
+    // What LockService reads goes through the same prefix.
+    expect(await built.locks.isLocked('p:held')).toBe(true);
+    expect(await built.locks.remainingTtl('p:held')).toBeGreaterThan(0);
+    expect(await built.locks.holdCount('p:held', { owner: held.owner })).toBe(1);
+    await expect(built.locks.acquire('p:g2', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    // A connection without that prefix locks other names: the same key is free there.
+    const unprefixed = await startLockApp({ redis: redis.url });
+    apps.push(unprefixed);
+    await (await unprefixed.locks.acquire('p:held', { waitMs: 0 })).release();
+    await Promise.all([held.release(), group.release(), read.release()]);
+
+    await lockEachWay(passed.locks, 'p:each');
+    await lockEachWay(built.locks, 'b:each');
+    expect(await locksInRedis()).toEqual([]);
+    // Outside the prefix, only the unprefixed connection's fencing counter.
+    expect((await raw.keys('*')).filter((k) => !k.startsWith('app:'))).toEqual(['lock:{p:held}:fence']);
+  });
+
+  it('wakes a waiter of another process with the release message (a 120 s lease, a 120 s wait)', async () => {
+    const holder = await passed.locks.acquire('p:wake', { leaseMs: 120_000 });
+    const waiting = built.locks.acquire('p:wake', { waitMs: 120_000 });
+    await until(async () => asleep(built, 'p:wake') === 1, 10_000, 'the waiter asleep');
+    // Asleep until the lease or the wait ends (120 s): only the release message can wake it now.
+    const acquired = nextEvent(built.locks.events$, 'acquired', (e) => e.key === 'p:wake');
+    await holder.release();
+    await acquired;
+    const lock = await waiting;
+    expect(lock.holdCount).toBe(1);
+    await lock.release();
+  });
+
+  it('hands a fair lock to the queued waiter of another process', async () => {
+    const holder = await built.locks.acquire('p:fair', { fair: true });
+    const waiting = passed.locks.acquire('p:fair', { fair: true, waitMs: 10_000 });
+    await until(async () => (await raw.llen('app:lock:{p:fair}:queue')) === 1, 10_000, 'the fair waiter queued');
+    const owner = (await raw.lindex('app:lock:{p:fair}:queue', 0))!;
+    await waitRegistered({ hget: (key, field) => raw.hget(`app:${key}`, field) }, 'p:fair', owner);
+    await holder.release();
+    const lock = await waiting;
+    expect(lock.owner).toBe(owner);
+    await lock.release();
+    expect(await locksInRedis()).toEqual([]);
+  });
+
+  it('renews through the prefix: a 1.5 s lease stays held across renewals', async () => {
+    const renewed = nextEvents(passed.locks.events$, 'renewed', 3);
+    const held = await passed.locks.acquire('p:renew', { leaseMs: 1_500, watchdog: true });
+    await renewed;
+    expect(held.signal.aborted).toBe(false);
+    expect(await raw.pttl('app:lock:{p:renew}')).toBeGreaterThan(0);
+    await held.release();
+  });
+
+  it('force-unlocks through the prefix from another process: its waiter is woken, the holder told at its next renewal', async () => {
+    // A 120 s fixed lease and a 120 s wait: only force-unlock's message can wake the waiter now.
+    const fixed = await passed.locks.acquire('p:force', { leaseMs: 120_000 });
+    const waiting = built.locks.acquire('p:force', { waitMs: 120_000 });
+    await until(async () => asleep(built, 'p:force') === 1, 10_000, 'the waiter asleep');
+    const acquired = nextEvent(built.locks.events$, 'acquired', (e) => e.key === 'p:force');
+    expect(await built.locks.forceUnlock('p:force')).toBe(true);
+    await acquired;
+    const lock = await waiting;
+    expect(lock.holdCount).toBe(1);
+    await lock.release();
+    await fixed.release();
+
+    const held = await passed.locks.acquire('p:force', { leaseMs: 1_500, watchdog: true });
+    expect(await built.locks.forceUnlock('p:force')).toBe(true);
+    expect(await aborted(held.signal)).toMatchObject({ reason: 'taken' });
+    expect(await locksInRedis()).toEqual([]);
+  });
+});
