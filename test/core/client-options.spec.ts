@@ -114,3 +114,48 @@ describe("a client with ioredis's own keyPrefix", () => {
     expect(await locksInRedis()).toEqual([]);
   });
 });
+
+// ioredis's `db` option selects a logical database: lock names live there, while pub/sub channels
+// are shared by every database of the server.
+describe("a client with ioredis's db option", () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  const apps: LockApp[] = [];
+  let db2: LockApp;
+  let db2Too: LockApp;
+  let db0: LockApp;
+  let inDb2: Redis;
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.shared();
+    db2 = await startLockApp({ redis: { host: '127.0.0.1', port: redis.port, db: 2 } });
+    db2Too = await startLockApp({ redis: `redis://127.0.0.1:${redis.port}/2` });
+    db0 = await startLockApp({ redis: redis.url });
+    apps.push(db2, db2Too, db0);
+    inDb2 = new Redis(redis.port, '127.0.0.1', { db: 2 });
+  });
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    await inDb2?.quit();
+    await redis?.stop();
+  });
+
+  it('keeps its locks in that database: the same key is held there and free in another', async () => {
+    const held = await db2.locks.acquire('d:one', { leaseMs: 120_000 });
+    expect(await raw.exists('lock:{d:one}')).toBe(0);
+    expect(await inDb2.hgetall('lock:{d:one}')).toEqual({ [held.owner]: '1' });
+    await expect(db2Too.locks.acquire('d:one', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    await (await db0.locks.acquire('d:one', { waitMs: 0 })).release();
+
+    // A waiter in the same database is woken by the release message (120 s lease and wait).
+    const waiting = db2Too.locks.acquire('d:one', { waitMs: 120_000 });
+    await until(async () => asleep(db2Too, 'd:one') === 1, 10_000, 'the waiter asleep');
+    const acquired = nextEvent(db2Too.locks.events$, 'acquired', (e) => e.key === 'd:one');
+    await held.release();
+    await acquired;
+    await (await waiting).release();
+    await lockEachWay(db2.locks, 'd:each');
+    expect((await inDb2.keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+  });
+});
