@@ -159,3 +159,86 @@ describe("a client with ioredis's db option", () => {
     expect((await inDb2.keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
 });
+
+// ioredis's enableAutoPipelining, common on a shared client, sends the commands of one tick as a
+// pipeline: nestjs-locked's scripts go through it too.
+describe("a client with ioredis's enableAutoPipelining", () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let client: Redis;
+  const apps: LockApp[] = [];
+  let app: LockApp;
+  let other: LockApp;
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.shared();
+    client = new Redis(redis.port, '127.0.0.1', { enableAutoPipelining: true });
+    app = await startLockApp({ redis: client });
+    other = await startLockApp({ redis: { host: '127.0.0.1', port: redis.port, enableAutoPipelining: true } });
+    apps.push(app, other);
+  });
+  afterAll(async () => {
+    for (const a of apps) await a.close();
+    await client?.quit();
+    await redis?.stop();
+  });
+
+  it('takes and releases each way, and serves 20 concurrent callers of one key in turn, each alone', async () => {
+    await lockEachWay(app.locks, 'ap:each');
+    let inside = 0;
+    let most = 0;
+    const served: string[] = [];
+    await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        (i % 2 ? app : other).locks.run('ap:one', async () => {
+          most = Math.max(most, ++inside);
+          await new Promise<void>((resolve) => setImmediate(resolve));
+          served.push(String(i));
+          inside--;
+        }),
+      ),
+    );
+    expect(most).toBe(1);
+    expect(served).toHaveLength(20);
+    // Also many keys at once, in the same ticks (one pipeline).
+    const acquiring = Array.from({ length: 50 }, (_, i) => app.locks.acquire(`ap:many:${i}`));
+    // Queued for ioredis's next pipeline, not sent on their own.
+    expect(client.autoPipelineQueueSize).toBe(50);
+    const handles = await Promise.all(acquiring);
+    expect(new Set(handles.map((h) => h.fencingToken)).size).toBe(50);
+    await Promise.all(handles.map((h) => h.release()));
+    expect((await raw.keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+  });
+
+  it('wakes a waiter of another process with the release message, and hands a fair lock over', async () => {
+    const holder = await app.locks.acquire('ap:wake', { leaseMs: 120_000 });
+    const waiting = other.locks.acquire('ap:wake', { waitMs: 120_000 });
+    await until(async () => asleep(other, 'ap:wake') === 1, 10_000, 'the waiter asleep');
+    const acquired = nextEvent(other.locks.events$, 'acquired', (e) => e.key === 'ap:wake');
+    await holder.release();
+    await acquired;
+    await (await waiting).release();
+
+    const fairHolder = await other.locks.acquire('ap:fair', { fair: true });
+    const fairWaiting = app.locks.acquire('ap:fair', { fair: true, waitMs: 10_000 });
+    await until(async () => (await raw.llen('lock:{ap:fair}:queue')) === 1, 10_000, 'the fair waiter queued');
+    const owner = (await raw.lindex('lock:{ap:fair}:queue', 0))!;
+    await waitRegistered(raw, 'ap:fair', owner);
+    await fairHolder.release();
+    const handed = await fairWaiting;
+    expect(handed.owner).toBe(owner);
+    await handed.release();
+  });
+
+  it('sends a script again in full after Redis forgot it (SCRIPT FLUSH), several in one pipeline', async () => {
+    await raw.script('FLUSH');
+    const acquiring = Array.from({ length: 10 }, (_, i) => app.locks.acquire(`ap:flush:${i}`));
+    expect(client.autoPipelineQueueSize).toBe(10);
+    const handles = await Promise.all(acquiring);
+    expect(handles.every((h) => h.holdCount === 1)).toBe(true);
+    await raw.script('FLUSH');
+    await Promise.all(handles.map((h) => h.release()));
+    expect(await raw.exists(...handles.map((h) => `lock:{${h.key}}`))).toBe(0);
+  });
+});
