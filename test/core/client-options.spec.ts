@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
-import { LockNotAcquiredError } from '../../lib/index.js';
+import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { aborted, asleep, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
@@ -240,5 +240,47 @@ describe("a client with ioredis's enableAutoPipelining", () => {
     await raw.script('FLUSH');
     await Promise.all(handles.map((h) => h.release()));
     expect(await raw.exists(...handles.map((h) => `lock:{${h.key}}`))).toBe(0);
+  });
+});
+
+// BullMQ asks for maxRetriesPerRequest: null on its connections, so teams that share one with
+// nestjs-locked have commands that wait in ioredis's offline queue for as long as Redis is away,
+// instead of failing after a few reconnection attempts.
+describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Redis is down', () => {
+  let redis: RedisServer;
+  let client: Redis;
+  let app: LockApp;
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    client = new Redis(redis.port, '127.0.0.1', { maxRetriesPerRequest: null, enableReadyCheck: false, retryStrategy: () => 50 });
+    app = await startLockApp({ redis: client, leaseMs: 1_500 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    client?.disconnect();
+    await redis?.stop();
+  });
+
+  it('reports the held lock lost at its deadline, bounds an acquisition, and leaves no lock behind once Redis is back', async () => {
+    const held = await app.locks.acquire('bq:held');
+    await redis.kill();
+    // Renewals wait in the offline queue: the lease deadline, on this process's clock, ends the lock.
+    expect(await aborted(held.signal)).toMatchObject({ reason: 'lease-expired' });
+    // The attempt is bounded (at least 1 s) although its command waits in the queue.
+    await expect(app.locks.acquire('bq:new', { waitMs: 200 })).rejects.toBeInstanceOf(LockBackendError);
+
+    await redis.launch();
+    // The queued commands run in order once the client is back: the abandoned attempt is granted
+    // then, and given back as soon as its reply comes. Two round trips on the same connection
+    // come after that reply and after the give-back.
+    await client.ping();
+    await client.ping();
+    expect((await redis.shared().keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+    const lock = await app.locks.acquire('bq:new', { waitMs: 0 });
+    expect(lock.holdCount).toBe(1);
+    await lock.release();
+    await held.release(); // a no-op once lost
+    expect((await redis.shared().keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
 });
