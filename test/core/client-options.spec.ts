@@ -9,6 +9,22 @@ import { RedisServer, until } from '../support/redis-server.js';
 // name nestjs-locked writes must then carry the client's prefix, and release messages must still
 // reach the waiters.
 
+/**
+ * `holder` (held with a 120 s lease) is freed by `free`, while `waiter` waits for `key` with a 120 s
+ * wait, asleep: only the message that goes with the release (or force-unlock) can wake it within
+ * nextEvent's 10 s. Resolves once the waiter got the lock, and released it.
+ */
+async function wokenBy(free: () => Promise<unknown>, waiter: LockApp, key: string): Promise<void> {
+  const waiting = waiter.locks.acquire(key, { waitMs: 120_000 });
+  await until(async () => asleep(waiter, key) === 1, 10_000, 'the waiter asleep');
+  const acquired = nextEvent(waiter.locks.events$, 'acquired', (e) => e.key === key);
+  await free();
+  await acquired;
+  const lock = await waiting;
+  expect(lock.holdCount).toBe(1);
+  await lock.release();
+}
+
 describe("a client with ioredis's own keyPrefix", () => {
   let redis: RedisServer;
   let raw: Redis;
@@ -60,17 +76,9 @@ describe("a client with ioredis's own keyPrefix", () => {
     expect((await raw.keys('*')).filter((k) => !k.startsWith('app:'))).toEqual(['lock:{p:held}:fence']);
   });
 
-  it('wakes a waiter of another process with the release message (a 120 s lease, a 120 s wait)', async () => {
+  it('wakes a waiter of another process with the release message', async () => {
     const holder = await passed.locks.acquire('p:wake', { leaseMs: 120_000 });
-    const waiting = built.locks.acquire('p:wake', { waitMs: 120_000 });
-    await until(async () => asleep(built, 'p:wake') === 1, 10_000, 'the waiter asleep');
-    // Asleep until the lease or the wait ends (120 s): only the release message can wake it now.
-    const acquired = nextEvent(built.locks.events$, 'acquired', (e) => e.key === 'p:wake');
-    await holder.release();
-    await acquired;
-    const lock = await waiting;
-    expect(lock.holdCount).toBe(1);
-    await lock.release();
+    await wokenBy(() => holder.release(), built, 'p:wake');
   });
 
   it('hands a fair lock to the queued waiter of another process', async () => {
@@ -96,16 +104,8 @@ describe("a client with ioredis's own keyPrefix", () => {
   });
 
   it('force-unlocks through the prefix from another process: its waiter is woken, the holder told at its next renewal', async () => {
-    // A 120 s fixed lease and a 120 s wait: only force-unlock's message can wake the waiter now.
     const fixed = await passed.locks.acquire('p:force', { leaseMs: 120_000 });
-    const waiting = built.locks.acquire('p:force', { waitMs: 120_000 });
-    await until(async () => asleep(built, 'p:force') === 1, 10_000, 'the waiter asleep');
-    const acquired = nextEvent(built.locks.events$, 'acquired', (e) => e.key === 'p:force');
-    expect(await built.locks.forceUnlock('p:force')).toBe(true);
-    await acquired;
-    const lock = await waiting;
-    expect(lock.holdCount).toBe(1);
-    await lock.release();
+    await wokenBy(async () => expect(await built.locks.forceUnlock('p:force')).toBe(true), built, 'p:force');
     await fixed.release();
 
     const held = await passed.locks.acquire('p:force', { leaseMs: 1_500, watchdog: true });
@@ -148,13 +148,8 @@ describe("a client with ioredis's db option", () => {
     await expect(db2Too.locks.acquire('d:one', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
     await (await db0.locks.acquire('d:one', { waitMs: 0 })).release();
 
-    // A waiter in the same database is woken by the release message (120 s lease and wait).
-    const waiting = db2Too.locks.acquire('d:one', { waitMs: 120_000 });
-    await until(async () => asleep(db2Too, 'd:one') === 1, 10_000, 'the waiter asleep');
-    const acquired = nextEvent(db2Too.locks.events$, 'acquired', (e) => e.key === 'd:one');
-    await held.release();
-    await acquired;
-    await (await waiting).release();
+    // A waiter in the same database is woken by the release message.
+    await wokenBy(() => held.release(), db2Too, 'd:one');
     await lockEachWay(db2.locks, 'd:each');
     expect((await inDb2.keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
@@ -213,12 +208,7 @@ describe("a client with ioredis's enableAutoPipelining", () => {
 
   it('wakes a waiter of another process with the release message, and hands a fair lock over', async () => {
     const holder = await app.locks.acquire('ap:wake', { leaseMs: 120_000 });
-    const waiting = other.locks.acquire('ap:wake', { waitMs: 120_000 });
-    await until(async () => asleep(other, 'ap:wake') === 1, 10_000, 'the waiter asleep');
-    const acquired = nextEvent(other.locks.events$, 'acquired', (e) => e.key === 'ap:wake');
-    await holder.release();
-    await acquired;
-    await (await waiting).release();
+    await wokenBy(() => holder.release(), other, 'ap:wake');
 
     const fairHolder = await other.locks.acquire('ap:fair', { fair: true });
     const fairWaiting = app.locks.acquire('ap:fair', { fair: true, waitMs: 10_000 });
