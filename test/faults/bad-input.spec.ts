@@ -1,4 +1,5 @@
 import { beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Get, Param } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Cluster, type Redis } from 'ioredis';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -51,6 +52,29 @@ const boot = async (options: unknown) => {
     await moduleRef.close();
   }
 };
+/**
+ * A route handler whose call-site parameter (the one @Locked declares after the handler's own) a
+ * pipe replaced: called as Nest calls it, with that parameter in place, but a plain object in it.
+ */
+const replacedCallSite = async (redis: RedisServer) => {
+  @Controller('c')
+  class C {
+    @Get(':id')
+    @Locked('c:<0>')
+    async get(@Param('id') id: string) {
+      return id;
+    }
+  }
+  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })], controllers: [C] })
+    .setLogger(new CapturingLogger())
+    .compile();
+  await moduleRef.init();
+  try {
+    return await (moduleRef.get(C).get as (...a: unknown[]) => Promise<unknown>).call(moduleRef.get(C), 'x', { copied: true });
+  } finally {
+    await moduleRef.close();
+  }
+};
 /** Runs `fn` with `n` Redis ports that never answer (held until it settles; see silentPort). */
 const silently = async <T>(n: number, fn: (ports: number[]) => Promise<T>): Promise<T> => {
   const ports = await Promise.all(Array.from({ length: n }, () => silentPort()));
@@ -96,6 +120,7 @@ const cases: Case[] = [
   { entry: '@Locked(template)', input: 'unclosed "<"', outcome: LockConfigurationError, says: /unclosed "<"/, run: async () => { class C { @Locked('a:<0') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template)', input: 'placeholder beyond the parameters', outcome: LockConfigurationError, says: /declares 1 parameter/, run: async () => { class C { @Locked('a:<3>') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template, options)', input: 'unknown onContention', outcome: LockConfigurationError, says: /'wait', 'fail' or 'skip'/, run: async () => { class C { @Locked('a', { onContention: 'retry' as never }) async m() {} } return C; } },
+  { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds', outcome: LockConfigurationError, says: /a pipe changed it. A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged/, run: ({ redis }) => replacedCallSite(redis) },
   // module options and clients
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
