@@ -274,3 +274,33 @@ describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Red
     expect((await redis.shared().keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
 });
+
+describe("a client with ioredis's lazyConnect, not connected yet", () => {
+  let redis: RedisServer;
+  const clients: Redis[] = [];
+  const apps: LockApp[] = [];
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+  });
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    for (const client of clients) await client.quit();
+    await redis?.stop();
+  });
+
+  it.each([
+    ['checked at bootstrap', {}],
+    ['not checked (connectTimeoutMs: 0)', { connectTimeoutMs: 0 }],
+  ])('connects it when needed, %s', async (_name, options) => {
+    const client = new Redis(redis.port, '127.0.0.1', { lazyConnect: true });
+    clients.push(client);
+    expect(client.status).toBe('wait');
+    const app = await startLockApp({ redis: client, ...options });
+    apps.push(app);
+    const lock = await app.locks.acquire('lazy:1', { waitMs: 0 });
+    expect(client.status).toBe('ready');
+    expect(await redis.shared().hgetall('lock:{lazy:1}')).toEqual({ [lock.owner]: '1' });
+    await lock.release();
+  });
+});
