@@ -473,16 +473,23 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
   }
 
-  /** A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message. */
+  /**
+   * A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message.
+   * It connects on its first command (the bootstrap check, or the first lock with connectTimeoutMs:
+   * 0), not when this service is constructed: Nest constructs providers before it has resolved
+   * them all, and when another provider then fails to resolve, no lifecycle hook ever runs to close
+   * a connection opened here, which would keep the process alive reconnecting.
+   */
   private connect(redis: RedisConnection): RedisClient {
     // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
     // when the socket had already closed; keep it short on connections we own.
+    const own = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyConnect: true };
     let client: RedisClient;
-    if (typeof redis === 'string') client = new Redis(redis, { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS });
+    if (typeof redis === 'string') client = new Redis(redis, own);
     else if ('cluster' in redis) {
       const { cluster, options } = redis as RedisClusterConnection;
-      client = new Cluster(cluster, { ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...options?.redisOptions } });
-    } else client = new Redis({ disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...(redis as RedisOptions) });
+      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...options?.redisOptions } });
+    } else client = new Redis({ ...own, ...(redis as RedisOptions) });
     let lastError = '';
     client.on('error', (e: Error) => {
       if (e.message !== lastError) this.logger.warn(`Redis connection: ${e.message}`);

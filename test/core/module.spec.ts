@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Cluster, Redis } from 'ioredis';
+import { connect } from 'node:net';
 import {
   LockBackendError,
   LockConfigurationError,
@@ -151,6 +152,39 @@ describe('LockModule', () => {
       .compile();
     await moduleRef.init();
     await moduleRef.close();
+  });
+
+  it('opens no connection before bootstrap succeeds: a provider that fails to resolve leaves none behind', async () => {
+    // Nest constructs LockService, then fails on a provider it cannot resolve: no lifecycle hook
+    // runs, so a connection opened by the constructor would stay open, reconnecting for ever.
+    @Injectable()
+    class NeedsMissing {
+      constructor(readonly missing: Map<string, string>) {}
+    }
+    const silent = await silentPort();
+    try {
+      const failure = await Test.createTestingModule({
+        imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${silent.port}` })],
+        providers: [NeedsMissing],
+      })
+        .setLogger(new CapturingLogger())
+        .compile()
+        .then(
+          () => new Error('compiled'),
+          (e: unknown) => e,
+        );
+      expect((failure as Error).message).toMatch(/can't resolve dependencies of the NeedsMissing/);
+      // A connection the service had started would reach the server before this one.
+      const probe = connect(silent.port, '127.0.0.1');
+      try {
+        await until(async () => silent.connections > 0, 5_000, 'the probe connected');
+        expect(silent.connections).toBe(1);
+      } finally {
+        probe.destroy();
+      }
+    } finally {
+      await silent.close();
+    }
   });
 
   it('builds options with forRootAsync({ useFactory, inject, imports })', async () => {

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Injectable } from '@nestjs/common';
+import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
@@ -227,5 +227,35 @@ describe('@Locked on provider methods called directly', () => {
     const orphan = new Ledger(locks);
     await expect(orphan.post('X')).rejects.toThrow(LockConfigurationError);
     await expect(orphan.post('X')).rejects.toThrow(/no LockService on this instance.*created by Nest/);
+  });
+});
+
+describe('@Locked in a module that cannot inject LockService', () => {
+  @Injectable()
+  class Feature {
+    @Locked('feature:<0>')
+    async run(id: string) {
+      return id;
+    }
+  }
+
+  it('fails bootstrap, naming LockService and the module to import it into', async () => {
+    // LockModule is imported by the root module but not made global, and the feature module does not import it.
+    @Module({ providers: [Feature] })
+    class FeatureModule {}
+    const failure = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: 'redis://127.0.0.1:1', connectTimeoutMs: 0 }), FeatureModule] })
+      .setLogger(new CapturingLogger())
+      .compile()
+      .then(
+        async (m) => {
+          await m.close();
+          return 'compiled';
+        },
+        (e: unknown) => e,
+      );
+    expect(failure).toBeInstanceOf(Error);
+    expect((failure as Error).message).toMatch(/can't resolve dependencies of the Feature/);
+    expect((failure as Error).message).toMatch(/nestjs-locked:lock-service/);
+    expect((failure as Error).message).toMatch(/If LockService is exported from a separate @Module, is that module imported within FeatureModule\?/);
   });
 });

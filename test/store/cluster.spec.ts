@@ -142,6 +142,15 @@ describe('Redis Cluster', () => {
     expect(client.status).toBe('ready');
     expect(other.moduleRef.get(LockService)).toBeDefined();
   });
+
+  it('connects a Cluster client created with lazyConnect at the bootstrap check', async () => {
+    const client = cluster.client({ lazyConnect: true });
+    expect(client.status).toBe('wait');
+    const other = await startLockApp({ redis: client, leaseMs: 600, connectTimeoutMs: 5_000 });
+    expect(client.status).toBe('ready');
+    await other.locks.run('lazy-client', async () => expect(await app.locks.isLocked('lazy-client')).toBe(true));
+    await other.close();
+  });
 });
 
 /**

@@ -157,6 +157,9 @@ export class RedisLockStore implements LockStore {
     }
     const cluster = this.client as Cluster;
     if (cluster.status !== 'ready') {
+      // A Cluster created with lazyConnect (ours are) connects on its first command, not on its own:
+      // this check is that first step. Its failures come as events ('end' below, 'error').
+      if (cluster.status === 'wait') cluster.connect().catch(() => undefined);
       await new Promise<void>((resolve, reject) => {
         const onReady = () => {
           cluster.off('end', onEnd);
