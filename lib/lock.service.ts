@@ -118,7 +118,11 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */
   async onModuleInit(): Promise<void> {
     const timeoutMs = this.options.connectTimeoutMs;
-    if (timeoutMs === 0) return;
+    if (timeoutMs === 0) {
+      // No check, but the connections start now rather than at the first lock.
+      this.store.connect?.();
+      return;
+    }
     try {
       await this.store.ready(timeoutMs);
     } catch (error) {
@@ -475,10 +479,10 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /**
    * A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message.
-   * It connects on its first command (the bootstrap check, or the first lock with connectTimeoutMs:
-   * 0), not when this service is constructed: Nest constructs providers before it has resolved
-   * them all, and when another provider then fails to resolve, no lifecycle hook ever runs to close
-   * a connection opened here, which would keep the process alive reconnecting.
+   * It connects at bootstrap (onModuleInit: the check, or with connectTimeoutMs: 0 a connect that
+   * is not waited for), not when this service is constructed: Nest constructs providers before it
+   * has resolved them all, and when another provider then fails to resolve, no lifecycle hook ever
+   * runs to close a connection opened here, which would keep the process alive reconnecting.
    */
   private connect(redis: RedisConnection): RedisClient {
     // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears

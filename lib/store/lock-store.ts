@@ -10,6 +10,12 @@ export interface LockStore {
   /** Resolves once the backend answers and is ready (scripts loaded); rejects after `timeoutMs`. */
   ready(timeoutMs: number): Promise<void>;
 
+  /**
+   * Starts connecting without waiting (bootstrap with `connectTimeoutMs: 0`): connections created
+   * with ioredis's `lazyConnect` (nestjs-locked's own are) would otherwise wait for their first command.
+   */
+  connect?(): void;
+
   /** One acquisition attempt: a free lock or a re-entry is granted; otherwise reports the holder's remaining lease. */
   acquire(request: AcquireRequest): Promise<AcquireResult>;
 

@@ -292,15 +292,51 @@ describe("a client with ioredis's lazyConnect, not connected yet", () => {
   it.each([
     ['checked at bootstrap', {}],
     ['not checked (connectTimeoutMs: 0)', { connectTimeoutMs: 0 }],
-  ])('connects it when needed, %s', async (_name, options) => {
+  ])('connects it at bootstrap, %s', async (_name, options) => {
     const client = new Redis(redis.port, '127.0.0.1', { lazyConnect: true });
     clients.push(client);
     expect(client.status).toBe('wait');
     const app = await startLockApp({ redis: client, ...options });
     apps.push(app);
+    expect(client.status).not.toBe('wait');
     const lock = await app.locks.acquire('lazy:1', { waitMs: 0 });
     expect(client.status).toBe('ready');
     expect(await redis.shared().hgetall('lock:{lazy:1}')).toEqual({ [lock.owner]: '1' });
     await lock.release();
+  });
+});
+
+// enableOfflineQueue: false makes ioredis refuse every command sent while the connection is not
+// ready, instead of queueing it: the bootstrap check waits for the connection first, and the
+// subscriber connection (nestjs-locked's own) queues its SUBSCRIBE whatever the client says.
+describe("a client with ioredis's enableOfflineQueue: false", () => {
+  let redis: RedisServer;
+  const clients: Redis[] = [];
+  const apps: LockApp[] = [];
+  let passed: LockApp;
+  let built: LockApp;
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    const client = new Redis(redis.port, '127.0.0.1', { enableOfflineQueue: false });
+    clients.push(client);
+    passed = await startLockApp({ redis: client });
+    built = await startLockApp({ redis: { host: '127.0.0.1', port: redis.port, enableOfflineQueue: false } });
+    apps.push(passed, built);
+  });
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+    for (const client of clients) await client.quit();
+    await redis?.stop();
+  });
+
+  it('boots on a client passed in and on options, takes locks each way, and wakes a waiter by message', async () => {
+    await lockEachWay(passed.locks, 'eoq:passed');
+    await lockEachWay(built.locks, 'eoq:built');
+    const holder = await passed.locks.acquire('eoq:wake', { leaseMs: 120_000 });
+    await wokenBy(() => holder.release(), built, 'eoq:wake');
+    const fixed = await built.locks.acquire('eoq:wake2', { leaseMs: 120_000 });
+    await wokenBy(() => fixed.release(), passed, 'eoq:wake2');
+    expect((await redis.shared().keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
 });

@@ -150,29 +150,36 @@ export class RedisLockStore implements LockStore {
     return keys.every((key) => keySlot(key) === slot);
   }
 
+  /** A client created with lazyConnect (ours are) starts connecting; failures come as 'error' events. */
+  connect(): void {
+    if (this.client.status === 'wait') this.client.connect().catch(() => undefined);
+  }
+
   private async prepare(): Promise<void> {
+    // Connected and ready before the first command: a client with enableOfflineQueue: false would
+    // refuse a command sent earlier ("Stream isn't writeable"), and a lazy Cluster never connects
+    // on its own.
+    this.connect();
+    const client = this.client;
+    if (client.status !== 'ready') {
+      await new Promise<void>((resolve, reject) => {
+        const onReady = () => {
+          client.off('end', onEnd);
+          resolve();
+        };
+        const onEnd = () => {
+          client.off('ready', onReady);
+          reject(new Error(`the connection to ${this.description} ended`));
+        };
+        client.once('ready', onReady);
+        client.once('end', onEnd);
+      });
+    }
     if (!this.cluster) {
       await Promise.all(Object.values(scripts).map((s) => s.load(this.client as Redis)));
       return;
     }
     const cluster = this.client as Cluster;
-    if (cluster.status !== 'ready') {
-      // A Cluster created with lazyConnect (ours are) connects on its first command, not on its own:
-      // this check is that first step. Its failures come as events ('end' below, 'error').
-      if (cluster.status === 'wait') cluster.connect().catch(() => undefined);
-      await new Promise<void>((resolve, reject) => {
-        const onReady = () => {
-          cluster.off('end', onEnd);
-          resolve();
-        };
-        const onEnd = () => {
-          cluster.off('ready', onReady);
-          reject(new Error('the cluster connection ended'));
-        };
-        cluster.once('ready', onReady);
-        cluster.once('end', onEnd);
-      });
-    }
     const masters = cluster.nodes('master');
     await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
     // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
@@ -615,12 +622,15 @@ export class RedisLockStore implements LockStore {
     const sub = this.cluster
       ? (this.client as Cluster).duplicate([], {
           shardedSubscribers: this.publish === 'spublish',
-          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
+          enableOfflineQueue: true,
+          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100, enableOfflineQueue: true },
         })
       : // Resubscribed by us on reconnect (see 'ready' below), not by ioredis: its own resubscription
         // (every release up to 5.11.1 and 6.0.0) leaves a rejection unhandled when the connection
         // closes before Redis answers, as at shutdown during a reconnect, and Node ends the process on it.
-        (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false });
+        // Its SUBSCRIBE waits for the connection even when the application's client refuses
+        // commands while disconnected (enableOfflineQueue: false).
+        (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false, enableOfflineQueue: true });
     let connectedBefore = false;
     let lastError = '';
     const onMessage = (channel: string, payload: string) => {

@@ -55,6 +55,10 @@ export class RedlockStore implements LockStore {
     this.description = `redlock over ${nodes.map((n) => n.name).join(', ')}`;
   }
 
+  connect(): void {
+    for (const node of this.nodes) node.store.connect();
+  }
+
   /** Ready once a quorum of nodes answered and loaded the scripts; the others join when they come up. */
   async ready(timeoutMs: number): Promise<void> {
     const answers: Answer<void>[] = new Array(this.nodes.length);
