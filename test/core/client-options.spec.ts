@@ -339,4 +339,18 @@ describe("a client with ioredis's enableOfflineQueue: false", () => {
     await wokenBy(() => fixed.release(), passed, 'eoq:wake2');
     expect((await redis.shared().keys('*')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
   });
+
+  it('fails a lock step at once while Redis is down, with the refusal as its cause, and locks again once it is back', async () => {
+    await redis.kill();
+    const failure = await passed.locks.acquire('eoq:down', { waitMs: 60_000 }).then(
+      () => new Error('acquired'),
+      (e: unknown) => e,
+    );
+    expect(failure).toBeInstanceOf(LockBackendError);
+    // ioredis's own refusal, not the attempt's bound (60 s here) running out.
+    expect(String((failure as Error & { cause?: unknown }).cause)).toMatch(/Stream isn't writeable and enableOfflineQueue options is false/);
+    await redis.launch();
+    await until(async () => (await passed.locks.health()).status === 'up', 10_000, 'the client back');
+    await (await passed.locks.acquire('eoq:down', { waitMs: 0 })).release();
+  });
 });
