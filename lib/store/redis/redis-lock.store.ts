@@ -176,10 +176,10 @@ export class RedisLockStore implements LockStore {
       });
     }
     if (!this.cluster) {
-      await Promise.all(Object.values(scripts).map((s) => s.load(this.client as Redis)));
+      await Promise.all(Object.values(scripts).map((s) => s.load(client as Redis)));
       return;
     }
-    const cluster = this.client as Cluster;
+    const cluster = client as Cluster;
     const masters = cluster.nodes('master');
     await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
     // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
@@ -622,8 +622,10 @@ export class RedisLockStore implements LockStore {
     const sub = this.cluster
       ? (this.client as Cluster).duplicate([], {
           shardedSubscribers: this.publish === 'spublish',
+          // Its SUBSCRIBEs wait until it is ready, whatever the application's Cluster says (ioredis
+          // keeps the offline queue of the node and subscriber connections on in any case).
           enableOfflineQueue: true,
-          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100, enableOfflineQueue: true },
+          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
         })
       : // Resubscribed by us on reconnect (see 'ready' below), not by ioredis: its own resubscription
         // (every release up to 5.11.1 and 6.0.0) leaves a rejection unhandled when the connection
