@@ -6,13 +6,20 @@ export const now = (): number => performance.now();
 /**
  * Settles like `promise`, or rejects with `onTimeout()` after `ms`. The timer never keeps the
  * process alive, and the original promise's late rejection is swallowed (the caller has moved on).
+ *
+ * An answer already waiting to be read when the timer fires still counts, as after the process was
+ * paused past the deadline (a long GC, a starved CPU): Node runs expired timers before it reads the
+ * sockets, so the timer only schedules the rejection, for after this turn's reads (setImmediate
+ * callbacks run after the poll phase).
  */
 export function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
   if (!Number.isFinite(ms)) return promise;
   return new Promise<T>((resolve, reject) => {
     const timer = setTimeout(() => {
-      promise.catch(() => undefined);
-      reject(onTimeout());
+      setImmediate(() => {
+        promise.catch(() => undefined);
+        reject(onTimeout());
+      }).unref();
     }, Math.max(0, ms));
     timer.unref();
     promise.then(

@@ -145,6 +145,21 @@ describe('Redis failures mid-hold', () => {
     await again.release();
   });
 
+  it('takes a lock whose grant arrived while this process was paused past the attempt bound (1 s for a call that does not wait)', async () => {
+    // The attempt is sent, then the process stalls for 1.2 s (a long GC pause, a starved CPU) while
+    // Redis answers at once. When the loop runs again the bound's expired timer comes before the
+    // socket read; the grant must still count, not be abandoned as "no answer".
+    const attempt = app.locks.acquire('paused:1', { waitMs: 0, leaseMs: 10_000 });
+    // The attempt's command is written and its bound set within the microtasks this waits out.
+    await new Promise((resolve) => setImmediate(resolve));
+    const stalled = performance.now();
+    while (performance.now() - stalled < 1_200); // the stall: no timer, no socket read
+    const lock = await attempt;
+    expect(lock.holdCount).toBe(1);
+    expect(await redis.client().hgetall('lock:{paused:1}')).toEqual({ [lock.owner]: '1' });
+    await lock.release();
+  });
+
   it('signals loss when Redis freezes (SIGSTOP) past the lease, and recovers on SIGCONT', async () => {
     const lock = await app.locks.acquire('frozen:1');
     redis.pause();

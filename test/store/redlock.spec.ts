@@ -169,6 +169,20 @@ describe('Redlock over 3 independent servers', () => {
     await lock.release();
   });
 
+  it('counts an answer that arrived while the process was paused: a pause longer than the per-node bound is not a silent quorum', async () => {
+    // leaseMs 900 gives each node 90 ms to answer. The attempt is sent, then the process stalls for
+    // 300 ms (as under a long GC pause or a starved CPU) while the nodes answer at once. When the
+    // loop runs again, the expired timers come before the socket reads; the answers must still count.
+    const attempt = app.locks.acquire('rl:paused', { waitMs: 0 });
+    // The attempt's commands are written and its timers set within the microtasks this waits out.
+    await new Promise((resolve) => setImmediate(resolve));
+    const stalled = performance.now();
+    while (performance.now() - stalled < 300); // the stall: no timer, no socket read
+    const lock = await attempt;
+    expect(lock.isHeld).toBe(true);
+    await lock.release();
+  });
+
   it('does not let a second owner in when one node restarts empty mid-hold, while the quorum still holds', async () => {
     const lock = await app.locks.acquire('rl:restart');
     // The acquisition returns on the first two nodes; a node whose connection is still coming back
