@@ -3,6 +3,8 @@ import { Redis, type RedisOptions } from 'ioredis';
 import { LockBackendError, LockNotAcquiredError, type LockModuleOptions } from '../../lib/index.js';
 import { aborted, asleep, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
+import { RedisCluster } from '../support/redis-cluster.js';
+import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 
 // The ioredis options a team may have set on a client it shares with nestjs-locked (README,
 // "Sharing an ioredis client"), each with a private redis-server.
@@ -331,5 +333,54 @@ describe("a client with ioredis's enableOfflineQueue: false", () => {
     await server.redis.launch();
     await until(async () => (await passed.locks.health()).status === 'up', 10_000, 'the client back');
     await (await passed.locks.acquire('eoq:down', { waitMs: 0 })).release();
+  });
+});
+
+// On a Cluster, releases are announced with sharded pub/sub, and ioredis counts a shard channel as
+// a key: it prefixes SSUBSCRIBE's channels (and SPUBLISH's, had nestjs-locked sent it itself) but
+// not the channel a script publishes to.
+describe("a Cluster client with ioredis's own keyPrefix", () => {
+  let cluster: RedisCluster;
+  let passed: LockApp;
+  let built: LockApp;
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start();
+    passed = await startLockApp({ redis: cluster.client({ keyPrefix: 'app:' }) });
+    // The prefix in the Cluster's redisOptions, which ioredis takes as the Cluster's own.
+    built = await startLockApp({ redis: { cluster: cluster.nodes, options: { redisOptions: { keyPrefix: 'app:' } } } });
+  });
+  afterAll(async () => {
+    await passed?.close();
+    await built?.close();
+    await cluster?.stop();
+  });
+
+  const namesOf = async (key: string) => {
+    const node = cluster.node(await cluster.ownerOf(keySlot(key)));
+    return (await node.keys(`*{${key}}*`)).sort();
+  };
+
+  it('writes every name of a lock under the prefix, on the node that serves its slot, and leaves nothing behind', async () => {
+    const held = await passed.locks.acquire('cp:held');
+    expect(await namesOf('cp:held')).toEqual(['app:lock:{cp:held}', 'app:lock:{cp:held}:fence']);
+    expect(await built.locks.isLocked('cp:held')).toBe(true);
+    await expect(built.locks.acquire('cp:held', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    await held.release();
+    await lockEachWay(passed.locks, 'cp:each');
+    await lockEachWay(built.locks, 'cb:each');
+    expect((await namesOf('cp:held')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+  });
+
+  it('wakes a waiter of another process with the release message, each way', async () => {
+    const holder = await passed.locks.acquire('cp:wake', { leaseMs: 120_000 });
+    await wokenBy(() => holder.release(), built, 'cp:wake');
+    const other = await built.locks.acquire('cp:wake2', { leaseMs: 120_000 });
+    await wokenBy(() => other.release(), passed, 'cp:wake2');
+  });
+
+  it('hands a fair lock to the queued waiter of another process', async () => {
+    const owner = cluster.node(await cluster.ownerOf(keySlot('cp:fair')));
+    await fairHandover(built, passed, 'cp:fair', owner, 'app:');
   });
 });

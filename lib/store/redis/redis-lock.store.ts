@@ -625,14 +625,16 @@ export class RedisLockStore implements LockStore {
           // Its SUBSCRIBEs wait until it is ready, whatever the application's Cluster says (ioredis
           // keeps the offline queue of the node and subscriber connections on in any case).
           enableOfflineQueue: true,
-          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100 },
+          // No keyPrefix (see PUBSUB_OPTIONS), neither its own nor the one ioredis copies from redisOptions.
+          ...PUBSUB_OPTIONS,
+          redisOptions: { ...(this.client as Cluster).options.redisOptions, disconnectTimeout: 100, ...PUBSUB_OPTIONS },
         })
       : // Resubscribed by us on reconnect (see 'ready' below), not by ioredis: its own resubscription
         // (every release up to 5.11.1 and 6.0.0) leaves a rejection unhandled when the connection
         // closes before Redis answers, as at shutdown during a reconnect, and Node ends the process on it.
         // Its SUBSCRIBE waits for the connection even when the application's client refuses
         // commands while disconnected (enableOfflineQueue: false).
-        (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false, enableOfflineQueue: true });
+        (this.client as Redis).duplicate({ disconnectTimeout: 100, autoResubscribe: false, enableOfflineQueue: true, ...PUBSUB_OPTIONS });
     let connectedBefore = false;
     let lastError = '';
     const onMessage = (channel: string, payload: string) => {
@@ -669,6 +671,14 @@ export class RedisLockStore implements LockStore {
     return sub;
   }
 }
+
+/**
+ * The subscriber's connection has no ioredis keyPrefix: it listens on the channels the scripts
+ * publish to, which are the lock names without the client's prefix (see lock.scripts.ts). ioredis
+ * counts a shard channel as a key, so on a Cluster a prefix would move every SSUBSCRIBE to a
+ * channel nobody publishes to (a plain SUBSCRIBE is never prefixed).
+ */
+const PUBSUB_OPTIONS = { keyPrefix: undefined };
 
 /**
  * What `inFlight` counts steps by: a lock's name and one holder field. A name ends with the closing
