@@ -336,51 +336,78 @@ describe("a client with ioredis's enableOfflineQueue: false", () => {
   });
 });
 
-// On a Cluster, releases are announced with sharded pub/sub, and ioredis counts a shard channel as
-// a key: it prefixes SSUBSCRIBE's channels (and SPUBLISH's, had nestjs-locked sent it itself) but
-// not the channel a script publishes to.
-describe("a Cluster client with ioredis's own keyPrefix", () => {
+// The same options on a Cluster client, on one 3-master cluster.
+describe('on a Cluster client', () => {
   let cluster: RedisCluster;
-  let passed: LockApp;
-  let built: LockApp;
-
   beforeAll(async () => {
     cluster = await RedisCluster.start();
-    passed = await startLockApp({ redis: cluster.client({ keyPrefix: 'app:' }) });
-    // The prefix in the Cluster's redisOptions, which ioredis takes as the Cluster's own.
-    built = await startLockApp({ redis: { cluster: cluster.nodes, options: { redisOptions: { keyPrefix: 'app:' } } } });
   });
   afterAll(async () => {
-    await passed?.close();
-    await built?.close();
     await cluster?.stop();
   });
 
-  const namesOf = async (key: string) => {
-    const node = cluster.node(await cluster.ownerOf(keySlot(key)));
-    return (await node.keys(`*{${key}}*`)).sort();
-  };
+  /** Apps started by `start` before the block's tests, closed after them (before the cluster stops). */
+  function useApps(start: () => Promise<LockApp>[]): { passed: LockApp; built: LockApp } {
+    const apps = {} as { passed: LockApp; built: LockApp };
+    beforeAll(async () => {
+      [apps.passed, apps.built] = await Promise.all(start());
+    });
+    afterAll(async () => {
+      await apps.passed?.close();
+      await apps.built?.close();
+    });
+    return apps;
+  }
 
-  it('writes every name of a lock under the prefix, on the node that serves its slot, and leaves nothing behind', async () => {
-    const held = await passed.locks.acquire('cp:held');
-    expect(await namesOf('cp:held')).toEqual(['app:lock:{cp:held}', 'app:lock:{cp:held}:fence']);
-    expect(await built.locks.isLocked('cp:held')).toBe(true);
-    await expect(built.locks.acquire('cp:held', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
-    await held.release();
-    await lockEachWay(passed.locks, 'cp:each');
-    await lockEachWay(built.locks, 'cb:each');
-    expect((await namesOf('cp:held')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+  // Releases are announced with sharded pub/sub there, and ioredis counts a shard channel as a
+  // key: it prefixes SSUBSCRIBE's channels, but not the channel a script publishes to.
+  describe("with ioredis's own keyPrefix", () => {
+    const apps = useApps(() => [
+      startLockApp({ redis: cluster.client({ keyPrefix: 'app:' }) }),
+      // The prefix in the Cluster's redisOptions, which ioredis takes as the Cluster's own.
+      startLockApp({ redis: { cluster: cluster.nodes, options: { redisOptions: { keyPrefix: 'app:' } } } }),
+    ]);
+    const namesOf = async (key: string) => (await cluster.node(await cluster.ownerOf(keySlot(key))).keys(`*{${key}}*`)).sort();
+
+    it('writes every name of a lock under the prefix, on the node that serves its slot, and leaves nothing behind', async () => {
+      const { passed, built } = apps;
+      const held = await passed.locks.acquire('cp:held');
+      expect(await namesOf('cp:held')).toEqual(['app:lock:{cp:held}', 'app:lock:{cp:held}:fence']);
+      expect(await built.locks.isLocked('cp:held')).toBe(true);
+      await expect(built.locks.acquire('cp:held', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      await held.release();
+      await lockEachWay(passed.locks, 'cp:each');
+      await lockEachWay(built.locks, 'cb:each');
+      expect((await namesOf('cp:held')).filter((k) => !k.endsWith(':fence'))).toEqual([]);
+    });
+
+    it('wakes a waiter of another process with the release message, each way', async () => {
+      const holder = await apps.passed.locks.acquire('cp:wake', { leaseMs: 120_000 });
+      await wokenBy(() => holder.release(), apps.built, 'cp:wake');
+      const other = await apps.built.locks.acquire('cp:wake2', { leaseMs: 120_000 });
+      await wokenBy(() => other.release(), apps.passed, 'cp:wake2');
+    });
+
+    it('hands a fair lock to the queued waiter of another process', async () => {
+      const owner = cluster.node(await cluster.ownerOf(keySlot('cp:fair')));
+      await fairHandover(apps.built, apps.passed, 'cp:fair', owner, 'app:');
+    });
   });
 
-  it('wakes a waiter of another process with the release message, each way', async () => {
-    const holder = await passed.locks.acquire('cp:wake', { leaseMs: 120_000 });
-    await wokenBy(() => holder.release(), built, 'cp:wake');
-    const other = await built.locks.acquire('cp:wake2', { leaseMs: 120_000 });
-    await wokenBy(() => other.release(), passed, 'cp:wake2');
-  });
+  describe("with ioredis's enableOfflineQueue: false", () => {
+    const apps = useApps(() => [
+      startLockApp({ redis: cluster.client({ enableOfflineQueue: false }) }),
+      startLockApp({ redis: { cluster: cluster.nodes, options: { enableOfflineQueue: false } } }),
+    ]);
 
-  it('hands a fair lock to the queued waiter of another process', async () => {
-    const owner = cluster.node(await cluster.ownerOf(keySlot('cp:fair')));
-    await fairHandover(built, passed, 'cp:fair', owner, 'app:');
+    it('boots on a client passed in and on options, takes locks each way, and wakes a waiter by message', async () => {
+      const { passed, built } = apps;
+      await lockEachWay(passed.locks, 'ceoq:passed');
+      await lockEachWay(built.locks, 'ceoq:built');
+      const holder = await passed.locks.acquire('ceoq:wake', { leaseMs: 120_000 });
+      await wokenBy(() => holder.release(), built, 'ceoq:wake');
+      const fixed = await built.locks.acquire('ceoq:wake2', { leaseMs: 120_000 });
+      await wokenBy(() => fixed.release(), passed, 'ceoq:wake2');
+    });
   });
 });
