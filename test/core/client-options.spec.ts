@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis, type RedisOptions } from 'ioredis';
 import { LockBackendError, LockNotAcquiredError, type LockModuleOptions } from '../../lib/index.js';
-import { aborted, asleep, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { aborted, lockEachWay, nextEvents, startLockApp, waitRegistered, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
@@ -47,22 +47,6 @@ function usePrivateServer() {
 /** Every key in Redis but the fencing counters, which stay for their lifetime after a release. */
 async function locksIn(client: Redis): Promise<string[]> {
   return (await client.keys('*')).filter((k) => !k.endsWith(':fence')).sort();
-}
-
-/**
- * `holder` (held with a 120 s lease) is freed by `free`, while `waiter` waits for `key` with a 120 s
- * wait, asleep: only the message that goes with the release (or force-unlock) can wake it within
- * nextEvent's 10 s. Resolves once the waiter got the lock, and released it.
- */
-async function wokenBy(free: () => Promise<unknown>, waiter: LockApp, key: string): Promise<void> {
-  const waiting = waiter.locks.acquire(key, { waitMs: 120_000 });
-  await until(async () => asleep(waiter, key) === 1, 10_000, 'the waiter asleep');
-  const acquired = nextEvent(waiter.locks.events$, 'acquired', (e) => e.key === key);
-  await free();
-  await acquired;
-  const lock = await waiting;
-  expect(lock.holdCount).toBe(1);
-  await lock.release();
 }
 
 /**

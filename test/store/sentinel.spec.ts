@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
 import { LockLostError, LockReplicationError } from '../../lib/index.js';
 import { RedisSentinelSet } from '../support/redis-sentinel.js';
 import { until } from '../support/redis-server.js';
-import { aborted, elsewhere, nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, nextEvent, startLockApp, wokenBy, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Sentinel: a master, a replica and 3 sentinels started by the harness. The lock module
@@ -36,6 +37,23 @@ describe('Redis Sentinel', () => {
     expect(await set.direct(set.replica).hget('lock:{s:first}', lock.owner)).toBe('1');
     await lock.release();
     expect(await set.direct(set.replica).exists('lock:{s:first}')).toBe(0);
+  });
+
+  it("keeps ioredis's keyPrefix and db through the sentinels: the names on the master, under the prefix, in that database, and releases still wake waiters", async () => {
+    const options = { sentinels: set.nodes, name: set.name, keyPrefix: 'app:', db: 3 };
+    const [one, other] = await Promise.all([startLockApp({ redis: options }), startLockApp({ redis: options })]);
+    const inDb3 = new Redis(set.master.port, '127.0.0.1', { db: 3 });
+    try {
+      const held = await one.locks.acquire('s:shared', { leaseMs: 120_000 });
+      expect(await inDb3.hgetall('app:lock:{s:shared}')).toEqual({ [held.owner]: '1' });
+      expect(await set.direct(set.master).exists('app:lock:{s:shared}', 'lock:{s:shared}')).toBe(0);
+      await wokenBy(() => held.release(), other, 's:shared');
+      expect(await inDb3.exists('app:lock:{s:shared}')).toBe(0);
+    } finally {
+      inDb3.disconnect();
+      await one.close();
+      await other.close();
+    }
   });
 
   it('after the master is killed and the replica promoted, held locks keep renewing on the new master and new locks work', async () => {

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll } from '@jest/globals';
+import { afterAll, beforeAll, expect } from '@jest/globals';
 import type { LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
@@ -167,6 +167,22 @@ export async function waitRegistered(redis: { hget(key: string, field: string): 
 /** How many waiters of `key` sleep in `app`'s store (waiting for a release). */
 export function asleep(app: LockApp, key: string): number {
   return (app.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
+}
+
+/**
+ * `holder` (held with a 120 s lease) is freed by `free`, while `waiter` waits for `key` with a 120 s
+ * wait, asleep: only the message that goes with the release (or force-unlock) can wake it within
+ * nextEvent's 10 s. Resolves once the waiter got the lock, and released it.
+ */
+export async function wokenBy(free: () => Promise<unknown>, waiter: LockApp, key: string): Promise<void> {
+  const waiting = waiter.locks.acquire(key, { waitMs: 120_000 });
+  await until(async () => asleep(waiter, key) === 1, 10_000, 'the waiter asleep');
+  const acquired = nextEvent(waiter.locks.events$, 'acquired', (e) => e.key === key);
+  await free();
+  await acquired;
+  const lock = await waiting;
+  expect(lock.holdCount).toBe(1);
+  await lock.release();
 }
 
 /**
