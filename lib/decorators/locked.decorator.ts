@@ -63,8 +63,9 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
       if (siteIndex !== undefined && args[siteIndex] instanceof LockCallSite) {
         site = args[siteIndex] as LockCallSite;
         args = [...args.slice(0, siteIndex), ...args.slice(siteIndex + 1)];
-      } else if (siteIndex !== undefined && args.length === siteIndex + 1 && args[siteIndex] !== undefined) {
-        // Nest filled the call-site parameter in and a pipe replaced it: a lock that could not be
+      } else if (siteIndex !== undefined && args.length === siteIndex + 1) {
+        // Nest filled the call-site parameter in and a pipe replaced it (with anything, undefined
+        // included: a call of the method's own passes fewer arguments): a lock that could not be
         // had would then reach the client as a 500 instead of a 409, so the call fails here, loudly.
         const error = changedCallSite(where, siteIndex, args[siteIndex]);
         if (spec.observable) return new Observable((s) => s.error(error));

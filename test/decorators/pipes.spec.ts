@@ -44,6 +44,14 @@ class CopyingPipe implements PipeTransform {
   }
 }
 
+/** Returns only the values of the parameter types it knows: what a pipe that forgot its last `return value` does. */
+class DroppingPipe implements PipeTransform {
+  transform(value: unknown, metadata: ArgumentMetadata) {
+    if (metadata.type === 'body' || metadata.type === 'param') return value;
+    return undefined;
+  }
+}
+
 @Controller('orders')
 class OrdersController {
   calls = 0;
@@ -137,5 +145,18 @@ describe('@Locked under global pipes', () => {
     await expect(refused).rejects.toThrow(message);
     // Called directly with its own arguments only, the method still locks and runs.
     await expect(controller.place(42, dto)).resolves.toMatchObject({ key: 'order:42:B7', args: 2 });
+  });
+
+  it('refuses the call the same way when a pipe turned the call site into undefined', async () => {
+    const logger = new CapturingLogger();
+    const { app, url } = await serve((a) => a.useGlobalPipes(new DroppingPipe()), logger);
+    const controller = app.get(OrdersController);
+    const calls = controller.calls;
+    expect((await post(url, { id: 'C3', qty: 1 })).status).toBe(500);
+    const logged = logger.at('error').filter((m) => m.includes('a pipe changed it'));
+    expect(logged).toHaveLength(1);
+    expect(logged[0]).toContain("@Locked on OrdersController.place: the parameter @Locked declares after the method's own (index 2, type 'custom', no metatype) reached the method as undefined");
+    expect(controller.calls).toBe(calls);
+    expect(await redis.shared().exists('lock:{order:42:C3}')).toBe(0);
   });
 });
