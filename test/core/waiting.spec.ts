@@ -175,10 +175,16 @@ describe('waiting for a held lock', () => {
     const waiting = app.locks.acquire(key, { waitMs: 1_000 });
     const failed = waiting.then(() => undefined, (error: unknown) => error);
     await until(async () => asleep(app, key) === 1, 10_000, 'the waiter asleep');
-    // Redis holds every write (the release) for 2.5 s, past the waiter's 1 s wait.
-    await raw.client('PAUSE', 2_500, 'WRITE');
-    const released = holder.release();
-    expect(await failed).toBeInstanceOf(LockBackendError);
+    // Redis holds every write (the release, then the waiter's last attempt) until the waiter gave
+    // up: its 1 s wait, then its attempt's 1 s bound.
+    await raw.client('PAUSE', 60_000, 'WRITE');
+    let released: Promise<void>;
+    try {
+      released = holder.release();
+      expect(await failed).toBeInstanceOf(LockBackendError);
+    } finally {
+      await raw.client('UNPAUSE');
+    }
     await released;
     // The release ran once the pause ended and handed the lock to the waiter, which was gone: given back.
     await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the late grant given back');
