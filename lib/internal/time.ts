@@ -10,7 +10,8 @@ export const now = (): number => performance.now();
  * An answer already waiting to be read when the timer fires still counts, as after the process was
  * paused past the deadline (a long GC, a starved CPU): Node runs expired timers before it reads the
  * sockets, so the timer only schedules the rejection, for after this turn's reads (setImmediate
- * callbacks run after the poll phase).
+ * callbacks run after the poll phase). That immediate is not unref'd: an unref'd one does not stop
+ * the poll phase from blocking, and would wait for whatever wakes the process next.
  */
 export function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
   if (!Number.isFinite(ms)) return promise;
@@ -19,7 +20,7 @@ export function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout: () =>
       setImmediate(() => {
         promise.catch(() => undefined);
         reject(onTimeout());
-      }).unref();
+      });
     }, Math.max(0, ms));
     timer.unref();
     promise.then(
