@@ -1,12 +1,17 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { createHash } from 'node:crypto';
 import { Cluster, type Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
+import { FORCE_UNLOCK, HOLDERS } from '../../lib/store/redis/lock.scripts.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { commandCalls, RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
 import { aborted, asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 type Link = Awaited<ReturnType<typeof tcpProxy>>;
+
+/** A script's SHA, which its EVALSHA carries as an argument of its own (a trigger for the proxy's holdRepliesFrom). */
+const shaOf = (lua: string) => createHash('sha1').update(lua).digest('hex');
 
 /**
  * Runs `step` with the replies of every server behind `links` held back until `ran` sees its
@@ -120,8 +125,9 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     try {
       await direct.locks.acquire(key);
       const before = await scriptCalls(raw);
-      // The force-unlock reads the holders (HKEYS), then runs its script: hold the script's reply.
-      link.holdRepliesFrom('evalsha');
+      // The force-unlock reads the holders (a script of its own), then runs its script: hold that
+      // script's reply.
+      link.holdRepliesFrom(shaOf(FORCE_UNLOCK));
       const forcing = app.locks.forceUnlock(key);
       forcing.catch(() => undefined);
       let next: LockHandle;
@@ -148,13 +154,13 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     try {
       const first = await direct.locks.acquire(key);
       const before = await commandCalls(raw, 'hkeys');
-      // Keep the reply to the force-unlock's first HKEYS until the holder has changed.
-      link.delayRepliesFrom('hkeys');
+      // Keep the reply to the force-unlock's first read of the holders until the holder has changed.
+      link.delayRepliesFrom(shaOf(HOLDERS));
       const forcing = app.locks.forceUnlock(key);
       forcing.catch(() => undefined);
       let next: LockHandle;
       try {
-        await until(async () => (await commandCalls(raw, 'hkeys')).hkeys > before.hkeys, 10_000, 'the first HKEYS run');
+        await until(async () => (await commandCalls(raw, 'hkeys')).hkeys > before.hkeys, 10_000, 'the first read of the holders');
         await first.release();
         // Renewed every 200 ms, so it learns of the deletion at once.
         next = await direct.locks.acquire(key, { leaseMs: 600, watchdog: true });
@@ -162,7 +168,8 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
         link.passDelayed();
       }
       expect(await forcing).toBe(true);
-      // Two looks, each an HKEYS of the store's and one inside the script (commandstats counts both):
+      // Two looks, each an HKEYS in the store's read of the holders and one in the force-unlock
+      // script (commandstats counts the commands scripts run):
       // the first script run found other holders and deleted nothing, the second deleted the lock.
       const after = await commandCalls(raw, 'hkeys');
       expect(after.hkeys - before.hkeys).toBe(4);
@@ -179,24 +186,25 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     try {
       let holder = await direct.locks.acquire(key, { owner: 'holder-0' });
       const before = (await commandCalls(raw, 'hkeys')).hkeys;
-      link.delayRepliesFrom('hkeys');
+      link.delayRepliesFrom(shaOf(HOLDERS));
       const forcing = app.locks.forceUnlock(key);
       forcing.catch(() => undefined);
       try {
         for (let look = 1; look <= 4; look++) {
-          // The store's HKEYS of this look (each earlier look also ran one inside its script).
+          // The HKEYS of this look's read of the holders (each earlier look also ran one in its
+          // force-unlock script).
           await until(async () => (await commandCalls(raw, 'hkeys')).hkeys === before + 2 * look - 1, 10_000, `the HKEYS of look ${look}`);
           await holder.release();
           // The last holder is renewed every 200 ms, so it learns of the deletion at once.
           holder = await direct.locks.acquire(key, { owner: `holder-${look}`, ...(look === 4 ? { leaseMs: 600, watchdog: true } : {}) });
           link.passDelayed();
-          if (look < 4) link.delayRepliesFrom('hkeys');
+          if (look < 4) link.delayRepliesFrom(shaOf(HOLDERS));
         }
       } finally {
         link.passDelayed();
       }
       expect(await forcing).toBe(true);
-      // Four checked looks (the store's HKEYS and the script's each), then a fifth with no HKEYS
+      // Four checked looks (the read of the holders and the script, an HKEYS each), then a fifth with no HKEYS
       // that deleted the lock of the holder it had never read.
       expect((await commandCalls(raw, 'hkeys')).hkeys - before).toBe(8);
       expect(await raw.exists(`lock:{${key}}`)).toBe(0);

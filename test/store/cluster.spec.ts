@@ -1,11 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { exists, hasFlag } from '@ioredis/commands';
 import { Cluster } from 'ioredis';
 import { filter } from 'rxjs';
 import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { scriptCalls, tcpProxy, until, type RedisServer } from '../support/redis-server.js';
-import { aborted, elsewhere, firstAfterRelease, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, firstAfterRelease, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -170,6 +171,35 @@ describe('Redis Cluster: master failover', () => {
   afterAll(async () => {
     await app?.close();
     await cluster?.stop();
+  });
+
+  it("reads and writes every lock on its master under ioredis's scaleReads: 'slave': a replica, which may lag, is never asked", async () => {
+    // A Cluster client shared with code that reads from replicas. A lock read from a replica that
+    // has not received it yet would look free (and a force-unlock would find nothing to delete).
+    const key = 'scale:reads';
+    const replica = cluster.node(await cluster.replicaOf(await cluster.ownerOf(keySlot(key))));
+    // The Cluster client learns the replica from CLUSTER SLOTS at its start, once Redis lists it there.
+    const slot = keySlot(key);
+    const listed = async () => ((await replica.call('CLUSTER', 'SLOTS')) as unknown[][]).some((r) => Number(r[0]) <= slot && slot <= Number(r[1]) && r.length > 3);
+    await until(listed, 20_000, 'the replica never listed in CLUSTER SLOTS');
+    const reads = await startLockApp({ redis: { cluster: cluster.nodes, options: { scaleReads: 'slave' } } });
+    // Every read command the replica ran (the writes it replays from its master count too in its
+    // statistics, and are left out; so are subcommands such as CLUSTER SLOTS, which ioredis sends anywhere).
+    const readsOnReplica = async () =>
+      [...String(await replica.info('commandstats')).matchAll(/cmdstat_([a-z_]+):calls=(\d+)/g)].filter(([, c]) => exists(c!) && hasFlag(c!, 'readonly')).map(([, c, n]) => `${c}=${n}`);
+    try {
+      const before = await readsOnReplica();
+      const held = await reads.locks.acquire(key);
+      expect(await reads.locks.isLocked(key)).toBe(true);
+      expect(await reads.locks.holdCount(key, { owner: held.owner })).toBe(1);
+      expect(await reads.locks.remainingTtl(key)).toBeGreaterThan(0);
+      expect(await reads.locks.forceUnlock(key)).toBe(true);
+      expect(await reads.locks.isLocked(key)).toBe(false);
+      await lockEachWay(reads.locks, key);
+      expect(await readsOnReplica()).toEqual(before);
+    } finally {
+      await reads.close();
+    }
   });
 
   it('follows the promoted replica: a held lock it received keeps renewing there, and the slot takes new locks', async () => {

@@ -242,7 +242,11 @@ export async function tcpProxy(
   port: number;
   readonly bytesFromClients: number;
   hold(direction?: 'from-target' | 'both'): void;
-  /** Passes everything until a client sends a command named `command`, then holds Redis's replies from that one on (as `hold()`). */
+  /**
+   * Passes everything until a client sends a command named `command` (or with `command` as an
+   * argument of its own, such as a script's SHA in EVALSHA), then holds Redis's replies from that
+   * one on (as `hold()`).
+   */
   holdRepliesFrom(command: string): void;
   /** As `holdRepliesFrom`, but keeps the replies instead of dropping them, until `passDelayed()`. */
   delayRepliesFrom(command: string): void;
@@ -272,7 +276,7 @@ export async function tcpProxy(
     }
     downstream.on('data', (d) => {
       bytesFromClients += d.length;
-      // A RESP command name is a bulk string on its own line: \r\n<name>\r\n.
+      // A RESP command name (or argument) is a bulk string on its own line: \r\n<name>\r\n.
       if (trigger && d.toString('latin1').toLowerCase().includes(`\r\n${trigger.command}\r\n`)) {
         replies = trigger.then;
         trigger = undefined;

@@ -348,6 +348,13 @@ return {1, holds, ttl}
 `;
 
 /**
+ * The hash fields of a lock (its holders), for FORCE_UNLOCK's look. A script rather than HKEYS: a
+ * Cluster client with ioredis's `scaleReads` would send a read command to a replica, which may not
+ * have the lock yet.
+ */
+export const HOLDERS = `return redis.call('hkeys', KEYS[1])`;
+
+/**
  * Delete a lock whoever holds it, and announce the release (or hand it to the next fair waiter).
  * KEYS and ARGV as RELEASE; ARGV[1] unused; ARGV[5] \`1\` to delete only the lock that the hash
  * fields ARGV[6..] describe (its holders when the caller looked), \`0\` to delete it whatever its

@@ -11,6 +11,7 @@ import {
   ADJUST_HOLDS,
   FENCE_COUNTER_TTL_MS,
   FORCE_UNLOCK,
+  HOLDERS,
   INSPECT,
   LEAVE_QUEUE,
   LEAVE_WRITERS,
@@ -39,6 +40,7 @@ const scripts = {
   releaseAll: new RedisScript('releaseAll', RELEASE_ALL),
   renew: new RedisScript('renew', RENEW),
   inspect: new RedisScript('inspect', INSPECT),
+  holders: new RedisScript('holders', HOLDERS),
   forceUnlock: new RedisScript('forceUnlock', FORCE_UNLOCK),
   adjustHolds: new RedisScript('adjustHolds', ADJUST_HOLDS),
 };
@@ -481,7 +483,7 @@ export class RedisLockStore implements LockStore {
     const name = this.lockName(key);
     for (let look = 1; ; look++) {
       const checked = look < FORCE_UNLOCK_LOOKS;
-      const fields = checked ? await this.client.hkeys(name) : [];
+      const fields = checked ? ((await scripts.holders.run(this.client, [name], [])) as string[]) : [];
       if (checked && fields.length === 0) return false;
       const sentAt = this.closes;
       const result = Number(await scripts.forceUnlock.run(this.client, this.freeingKeys(name), ['', name, this.publish, this.fenceTtlMs, checked ? '1' : '0', ...fields]));
