@@ -38,6 +38,14 @@ import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
 
+/** Why a lock connection has no ioredis commandTimeout (see LockService.lockConnection). */
+function commandTimeoutNote(ms: number): string {
+  return (
+    `ioredis commandTimeout (${ms} ms): ioredis gives up on a command that Redis may still run, which for an acquisition would leave a lock held that nobody knows of; ` +
+    'nestjs-locked bounds its lock steps itself (an attempt by its wait, at least 1 s) and gives back what a step it gave up on took.'
+  );
+}
+
 /** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (Redlock's node timeout stays below it). */
 const MIN_ATTEMPT_MS = 1_000;
 /** See createStore(). */
@@ -464,8 +472,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (this.options.store === 'memory') return new MemoryLockStore();
     if (redlock) {
       const nodes = redlock.clients.map((connection) => {
-        const owned = !isRedisClient(connection);
-        const client = owned ? this.connect(connection) : (connection as Redis);
+        const { client, owned } = this.lockConnection(connection);
         // Redlock issues no fencing tokens: its nodes keep no counters.
         const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, 0);
         return { name: store.description.replace(/^redis /, ''), store };
@@ -473,8 +480,31 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       return new RedlockStore(nodes, redlock.driftFactor);
     }
     // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
-    if (isRedisClient(redis)) return new RedisLockStore(redis, false, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
-    return new RedisLockStore(this.connect(redis), true, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
+    const { client, owned } = this.lockConnection(redis);
+    return new RedisLockStore(client, owned, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
+  }
+
+  /**
+   * The connection lock steps go on: the client the application passed in, or one made from its
+   * options. Never one with ioredis's `commandTimeout`: ioredis then rejects a command it gave up on
+   * while Redis may still run it, so an acquisition could leave a lock held that nobody knows of
+   * (nestjs-locked bounds its steps itself and gives back what a step it gave up on took). A client
+   * passed in with one is copied without it: a connection of nestjs-locked's own, closed at shutdown.
+   */
+  private lockConnection(connection: RedisConnection | RedisClient): { client: RedisClient; owned: boolean } {
+    if (!isRedisClient(connection)) return { client: this.connect(connection), owned: true };
+    const client = connection as RedisClient;
+    const isCluster = (client as { isCluster?: boolean }).isCluster === true;
+    const timeoutMs = isCluster ? (client as Cluster).options.redisOptions?.commandTimeout : (client as Redis).options.commandTimeout;
+    if (typeof timeoutMs !== 'number') return { client, owned: false };
+    this.logger.log(`${commandTimeoutNote(timeoutMs)} Lock steps run on a copy of the client passed in without it (one more connection, closed at shutdown).`);
+    const copy = isCluster
+      ? (client as Cluster).duplicate([], {
+          lazyConnect: true,
+          redisOptions: { ...(client as Cluster).options.redisOptions, commandTimeout: undefined, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS },
+        })
+      : (client as Redis).duplicate({ commandTimeout: undefined, lazyConnect: true, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS });
+    return { client: this.watchErrors(copy), owned: true };
   }
 
   /**
@@ -488,12 +518,23 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
     // when the socket had already closed; keep it short on connections we own.
     const own = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyConnect: true };
+    // No commandTimeout on a lock connection (see lockConnection).
+    const untimed = <T extends { commandTimeout?: number }>(options: T | undefined): T | undefined => {
+      if (typeof options?.commandTimeout !== 'number') return options;
+      this.logger.log(`${commandTimeoutNote(options.commandTimeout)} Lock steps run without it.`);
+      return { ...options, commandTimeout: undefined };
+    };
     let client: RedisClient;
     if (typeof redis === 'string') client = new Redis(redis, own);
     else if ('cluster' in redis) {
       const { cluster, options } = redis as RedisClusterConnection;
-      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...options?.redisOptions } });
-    } else client = new Redis({ ...own, ...(redis as RedisOptions) });
+      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...untimed(options?.redisOptions) } });
+    } else client = new Redis({ ...own, ...untimed(redis as RedisOptions) });
+    return this.watchErrors(client);
+  }
+
+  /** Logs a connection's errors once per message (until it is ready again). */
+  private watchErrors(client: RedisClient): RedisClient {
     let lastError = '';
     client.on('error', (e: Error) => {
       if (e.message !== lastError) this.logger.warn(`Redis connection: ${e.message}`);
