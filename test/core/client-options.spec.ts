@@ -66,6 +66,24 @@ async function fairHandover(holderApp: LockApp, waiterApp: LockApp, key: string,
   await lock.release();
 }
 
+/**
+ * `app` tries `key` once (waitMs 0) while `node` (the server, or the master that serves the key)
+ * holds every write, until the attempt failed; then `node` runs it. Resolves to the failure's
+ * cause once no lock of that late grant is left.
+ */
+async function attemptHeldUp(app: LockApp, key: string, node: Redis): Promise<string> {
+  await node.client('PAUSE', 60_000, 'WRITE');
+  let failure: unknown;
+  try {
+    failure = await app.locks.acquire(key, { waitMs: 0 }).then(() => new Error('acquired'), (e: unknown) => e);
+  } finally {
+    await node.client('UNPAUSE');
+  }
+  expect(failure).toBeInstanceOf(LockBackendError);
+  await until(async () => (await node.exists(`lock:{${key}}`)) === 0, 10_000, `the late grant of ${key} given back`);
+  return String((failure as Error & { cause?: unknown }).cause);
+}
+
 // ioredis prefixes the KEYS of every command (EVALSHA's included) but not pub/sub channels: every
 // name nestjs-locked writes must then carry the client's prefix, and release messages must still
 // reach the waiters.
@@ -320,6 +338,35 @@ describe("a client with ioredis's enableOfflineQueue: false", () => {
   });
 });
 
+// ioredis's commandTimeout rejects a command it gave up on, while Redis may still run it: a lock
+// step would not know whether it took a lock.
+describe("a client with ioredis's commandTimeout", () => {
+  const server = usePrivateServer();
+  let shared: Redis;
+  let passed: LockApp;
+  let built: LockApp;
+
+  beforeAll(async () => {
+    shared = server.client({ commandTimeout: 200 });
+    passed = await server.app({ redis: shared });
+    built = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, commandTimeout: 200 } });
+  });
+
+  it('leaves no lock behind when Redis holds an acquisition past the commandTimeout: the attempt is bounded and given back', async () => {
+    for (const [app, key] of [[passed, 'ct:passed'], [built, 'ct:built']] as const) {
+      // Not at the 200 ms commandTimeout: at the attempt's own 1 s bound, which gives back a late grant.
+      expect(await attemptHeldUp(app, key, server.redis.shared())).toMatch(/no answer within 1000 ms/);
+      await (await app.locks.acquire(key, { waitMs: 0 })).release();
+    }
+  });
+
+  it('keeps the client passed in as it is, with its commandTimeout, and says why lock steps run on a copy', async () => {
+    expect(shared.options.commandTimeout).toBe(200);
+    expect(await shared.ping()).toBe('PONG');
+    expect(passed.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.includes('a copy of the client passed in'))).toHaveLength(1);
+  });
+});
+
 // The same options on a Cluster client, on one 3-master cluster.
 describe('on a Cluster client', () => {
   let cluster: RedisCluster;
@@ -386,16 +433,7 @@ describe('on a Cluster client', () => {
 
     it('leaves no lock behind when the master holds an acquisition past the commandTimeout', async () => {
       for (const [app, key] of [[apps.passed, 'cct:passed'], [apps.built, 'cct:built']] as const) {
-        const master = cluster.node(await cluster.ownerOf(keySlot(key)));
-        await master.client('PAUSE', 60_000, 'WRITE');
-        let failure: unknown;
-        try {
-          failure = await app.locks.acquire(key, { waitMs: 0 }).then(() => new Error('acquired'), (e: unknown) => e);
-        } finally {
-          await master.client('UNPAUSE');
-        }
-        expect(String((failure as Error & { cause?: unknown }).cause)).toMatch(/no answer within 1000 ms/);
-        await until(async () => (await master.exists(`lock:{${key}}`)) === 0, 10_000, `the late grant of ${key} given back`);
+        expect(await attemptHeldUp(app, key, cluster.node(await cluster.ownerOf(keySlot(key))))).toMatch(/no answer within 1000 ms/);
       }
     });
   });
@@ -415,45 +453,5 @@ describe('on a Cluster client', () => {
       const fixed = await built.locks.acquire('ceoq:wake2', { leaseMs: 120_000 });
       await wokenBy(() => fixed.release(), passed, 'ceoq:wake2');
     });
-  });
-});
-
-// ioredis's commandTimeout rejects a command it gave up on, while Redis may still run it: a lock
-// step would not know whether it took a lock.
-describe("a client with ioredis's commandTimeout", () => {
-  const server = usePrivateServer();
-  let shared: Redis;
-  let passed: LockApp;
-  let built: LockApp;
-
-  beforeAll(async () => {
-    shared = server.client({ commandTimeout: 200 });
-    passed = await server.app({ redis: shared });
-    built = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, commandTimeout: 200 } });
-  });
-
-  it('leaves no lock behind when Redis holds an acquisition past the commandTimeout: the attempt is bounded and given back', async () => {
-    const raw = server.redis.shared();
-    for (const [app, key] of [[passed, 'ct:passed'], [built, 'ct:built']] as const) {
-      await raw.client('PAUSE', 60_000, 'WRITE');
-      let failure: unknown;
-      try {
-        // Not at the 200 ms commandTimeout: at the attempt's own 1 s bound, which gives back a late grant.
-        failure = await app.locks.acquire(key, { waitMs: 0 }).then(() => new Error('acquired'), (e: unknown) => e);
-      } finally {
-        await raw.client('UNPAUSE');
-      }
-      expect(failure).toBeInstanceOf(LockBackendError);
-      expect(String((failure as Error & { cause?: unknown }).cause)).toMatch(/no answer within 1000 ms/);
-      // Redis ran the attempt once the pause ended, and granted it: given back at once.
-      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, `the late grant of ${key} given back`);
-      await (await app.locks.acquire(key, { waitMs: 0 })).release();
-    }
-  });
-
-  it('keeps the client passed in as it is, with its commandTimeout, and says why lock steps run on a copy', async () => {
-    expect(shared.options.commandTimeout).toBe(200);
-    expect(await shared.ping()).toBe('PONG');
-    expect(passed.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.includes('a copy of the client passed in'))).toHaveLength(1);
   });
 });
