@@ -38,18 +38,12 @@ import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
 
-/** Why a lock connection has no ioredis commandTimeout (see LockService.lockConnection). */
-function commandTimeoutNote(ms: number): string {
-  return (
-    `ioredis commandTimeout (${ms} ms): ioredis gives up on a command that Redis may still run, which for an acquisition would leave a lock held that nobody knows of; ` +
-    'nestjs-locked bounds its lock steps itself (an attempt by its wait, at least 1 s) and gives back what a step it gave up on took.'
-  );
-}
-
 /** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (Redlock's node timeout stays below it). */
 const MIN_ATTEMPT_MS = 1_000;
 /** See createStore(). */
 const OWNED_DISCONNECT_TIMEOUT_MS = 100;
+/** The ioredis options of a connection nestjs-locked owns (see connect()). */
+const OWNED_CONNECTION = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyConnect: true };
 /** How long shutdown waits for Redis to take back the locks still held, and for acquisitions in progress to end. */
 const SHUTDOWN_RELEASE_MS = 2_000;
 
@@ -495,16 +489,23 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (!isRedisClient(connection)) return { client: this.connect(connection), owned: true };
     const client = connection as RedisClient;
     const isCluster = (client as { isCluster?: boolean }).isCluster === true;
-    const timeoutMs = isCluster ? (client as Cluster).options.redisOptions?.commandTimeout : (client as Redis).options.commandTimeout;
-    if (typeof timeoutMs !== 'number') return { client, owned: false };
-    this.logger.log(`${commandTimeoutNote(timeoutMs)} Lock steps run on a copy of the client passed in without it (one more connection, closed at shutdown).`);
+    const options: RedisOptions = isCluster ? ((client as Cluster).options.redisOptions ?? {}) : (client as Redis).options;
+    const untimed = this.untimed(options, 'on a copy of the client passed in without it (one more connection, closed at shutdown)');
+    if (untimed === options) return { client, owned: false };
     const copy = isCluster
-      ? (client as Cluster).duplicate([], {
-          lazyConnect: true,
-          redisOptions: { ...(client as Cluster).options.redisOptions, commandTimeout: undefined, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS },
-        })
-      : (client as Redis).duplicate({ commandTimeout: undefined, lazyConnect: true, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS });
+      ? (client as Cluster).duplicate([], { lazyConnect: true, redisOptions: { ...untimed, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS } })
+      : (client as Redis).duplicate({ ...untimed, ...OWNED_CONNECTION });
     return { client: this.watchErrors(copy), owned: true };
+  }
+
+  /** `options` without ioredis's commandTimeout (see lockConnection), said once in the log; `options` itself when it has none. */
+  private untimed<T extends { commandTimeout?: number }>(options: T | undefined, how: string): T | undefined {
+    if (typeof options?.commandTimeout !== 'number') return options;
+    this.logger.log(
+      `ioredis commandTimeout (${options.commandTimeout} ms): ioredis gives up on a command that Redis may still run, which for an acquisition would leave a lock held that nobody knows of; ` +
+        `nestjs-locked bounds its lock steps itself (an attempt by its wait, at least 1 s) and gives back what a step it gave up on took. Lock steps run ${how}.`,
+    );
+    return { ...options, commandTimeout: undefined };
   }
 
   /**
@@ -517,19 +518,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private connect(redis: RedisConnection): RedisClient {
     // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
     // when the socket had already closed; keep it short on connections we own.
-    const own = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyConnect: true };
-    // No commandTimeout on a lock connection (see lockConnection).
-    const untimed = <T extends { commandTimeout?: number }>(options: T | undefined): T | undefined => {
-      if (typeof options?.commandTimeout !== 'number') return options;
-      this.logger.log(`${commandTimeoutNote(options.commandTimeout)} Lock steps run without it.`);
-      return { ...options, commandTimeout: undefined };
-    };
     let client: RedisClient;
-    if (typeof redis === 'string') client = new Redis(redis, own);
+    if (typeof redis === 'string') client = new Redis(redis, OWNED_CONNECTION);
     else if ('cluster' in redis) {
       const { cluster, options } = redis as RedisClusterConnection;
-      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...untimed(options?.redisOptions) } });
-    } else client = new Redis({ ...own, ...untimed(redis as RedisOptions) });
+      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...this.untimed(options?.redisOptions, 'without it') } });
+    } else client = new Redis({ ...OWNED_CONNECTION, ...this.untimed(redis as RedisOptions, 'without it') });
     return this.watchErrors(client);
   }
 
