@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { createHash } from 'node:crypto';
 import { Cluster, type Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { FORCE_UNLOCK, HOLDERS } from '../../lib/store/redis/lock.scripts.js';
+import { RedisScript } from '../../lib/store/redis/redis-script.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { commandCalls, RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
 import { aborted, asleep, startLockApp, type LockApp } from '../support/lock-testing.js';
@@ -11,7 +11,7 @@ import { aborted, asleep, startLockApp, type LockApp } from '../support/lock-tes
 type Link = Awaited<ReturnType<typeof tcpProxy>>;
 
 /** A script's SHA, which its EVALSHA carries as an argument of its own (a trigger for the proxy's holdRepliesFrom). */
-const shaOf = (lua: string) => createHash('sha1').update(lua).digest('hex');
+const shaOf = (lua: string) => new RedisScript('', lua).sha;
 
 /**
  * Runs `step` with the replies of every server behind `links` held back until `ran` sees its

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockLostError } from '../../lib/index.js';
 import { RedisServer, scriptCalls, tcpProxy } from '../support/redis-server.js';
-import { aborted, nextEvent, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, nextEvent, nextEvents, stallAfterSending, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const LEASE = 600; // renewed every 200 ms
 
@@ -150,10 +150,7 @@ describe('Redis failures mid-hold', () => {
     // Redis answers at once. When the loop runs again the bound's expired timer comes before the
     // socket read; the grant must still count, not be abandoned as "no answer".
     const attempt = app.locks.acquire('paused:1', { waitMs: 0, leaseMs: 10_000 });
-    // The attempt's command is written and its bound set within the microtasks this waits out.
-    await new Promise((resolve) => setImmediate(resolve));
-    const stalled = performance.now();
-    while (performance.now() - stalled < 1_200); // the stall: no timer, no socket read
+    await stallAfterSending(1_200);
     const lock = await attempt;
     expect(lock.holdCount).toBe(1);
     expect(await redis.client().hgetall('lock:{paused:1}')).toEqual({ [lock.owner]: '1' });

@@ -177,9 +177,9 @@ describe('Redis Cluster: master failover', () => {
     // A Cluster client shared with code that reads from replicas. A lock read from a replica that
     // has not received it yet would look free (and a force-unlock would find nothing to delete).
     const key = 'scale:reads';
-    const replica = cluster.node(await cluster.replicaOf(await cluster.ownerOf(keySlot(key))));
-    // The Cluster client learns the replica from CLUSTER SLOTS at its start, once Redis lists it there.
     const slot = keySlot(key);
+    const replica = cluster.node(await cluster.replicaOf(await cluster.ownerOf(slot)));
+    // The Cluster client learns the replica from CLUSTER SLOTS at its start, once Redis lists it there.
     const listed = async () => ((await replica.call('CLUSTER', 'SLOTS')) as unknown[][]).some((r) => Number(r[0]) <= slot && slot <= Number(r[1]) && r.length > 3);
     await until(listed, 20_000, 'the replica never listed in CLUSTER SLOTS');
     const reads = await startLockApp({ redis: { cluster: cluster.nodes, options: { scaleReads: 'slave' } } });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
-import { aborted, elsewhere, lockEachWay, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 
@@ -174,10 +174,7 @@ describe('Redlock over 3 independent servers', () => {
     // 300 ms (as under a long GC pause or a starved CPU) while the nodes answer at once. When the
     // loop runs again, the expired timers come before the socket reads; the answers must still count.
     const attempt = app.locks.acquire('rl:paused', { waitMs: 0 });
-    // The attempt's commands are written and its timers set within the microtasks this waits out.
-    await new Promise((resolve) => setImmediate(resolve));
-    const stalled = performance.now();
-    while (performance.now() - stalled < 300); // the stall: no timer, no socket read
+    await stallAfterSending(300);
     const lock = await attempt;
     expect(lock.isHeld).toBe(true);
     await lock.release();

@@ -4,6 +4,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
 import { AsyncResource } from 'node:async_hooks';
+import { performance } from 'node:perf_hooks';
 import type { Redis } from 'ioredis';
 import { RedisServer, until } from './redis-server.js';
 
@@ -167,6 +168,17 @@ export async function waitRegistered(redis: { hget(key: string, field: string): 
 /** How many waiters of `key` sleep in `app`'s store (waiting for a release). */
 export function asleep(app: LockApp, key: string): number {
   return (app.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
+}
+
+/**
+ * Waits out the microtasks in which a lock step just called is written and its bounds set, then
+ * stalls this process for `ms` (as a long GC pause or a starved CPU would): no timer fires and no
+ * socket is read meanwhile, while Redis answers.
+ */
+export async function stallAfterSending(ms: number): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+  const stalled = performance.now();
+  while (performance.now() - stalled < ms);
 }
 
 /**
