@@ -364,6 +364,8 @@ describe("a client with ioredis's commandTimeout", () => {
     expect(shared.options.commandTimeout).toBe(200);
     expect(await shared.ping()).toBe('PONG');
     expect(passed.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.includes('a copy of the client passed in'))).toHaveLength(1);
+    // Given as options, it is left out of the connection nestjs-locked makes, and the log says so too.
+    expect(built.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.endsWith('Lock steps run without it.'))).toHaveLength(1);
   });
 });
 
