@@ -38,8 +38,14 @@ import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
 
-/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (Redlock's node timeout stays below it). */
+/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (plus the store's confirmMs; Redlock's node timeout stays below it). */
 const MIN_ATTEMPT_MS = 1_000;
+/**
+ * How long a release, extend(), read or force-unlock waits for Redis (plus the store's confirmMs;
+ * Redlock bounds its steps per node). Redis may still run the command later: each of these is safe
+ * to run late.
+ */
+const STEP_TIMEOUT_MS = 1_000;
 /** See createStore(). */
 const OWNED_DISCONNECT_TIMEOUT_MS = 100;
 /** The ioredis options of a connection nestjs-locked owns (see connect()). */
@@ -294,7 +300,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     assertLockKey(key, 'LockService.forceUnlock()');
     let existed: boolean;
     try {
-      existed = await this.store.forceUnlock(key);
+      existed = await this.step(this.store.forceUnlock(key));
     } catch (error) {
       throw new LockBackendError('forceUnlock', key, error);
     }
@@ -666,12 +672,12 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const result = { granted: true as const, holdCount: 1, fencingToken };
     if (now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
     const start = now();
-    const [kept] = await this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }]).catch(() => [false]);
+    const [kept] = await this.step(this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }])).catch(() => [false]);
     // Not kept: the handover was lost meanwhile; the next attempt says where things stand.
     return kept ? this.granted(key, context, o, result, start, started) : undefined;
   }
@@ -686,7 +692,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private async takenOver(key: string, context: LockContext, o: ResolvedLockOptions, handover: Handover | undefined, started: number): Promise<LockHandle | undefined> {
     if (handover === undefined) return undefined;
     if (handover === 'unknown') {
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.store.releaseAll(key, context.owner, o.mode).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (this.leaseRanOut(handover.leaseStart, o) && (await this.givenBack(o, context.owner, [{ key, holdCount: 1 }]))) return undefined;
@@ -746,18 +752,19 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      grants.map((g) => (g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode)).catch(() => undefined)),
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode)).catch(() => undefined)),
     );
     return true;
   }
 
   /**
-   * Waits for an acquisition request for the remaining wait, but never less than MIN_ATTEMPT_MS.
+   * Waits for an acquisition request for the remaining wait, but never less than MIN_ATTEMPT_MS
+   * and the time the store may wait for replicas (confirmMs).
    * If Redis does not answer in time, the attempt is abandoned (LockBackendError); should it still
    * be granted later, `giveBack` returns that grant at once so no orphan lock stays until its lease ends.
    */
   private bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
-    const limit = Math.max(deadline - start, MIN_ATTEMPT_MS);
+    const limit = Math.max(deadline - start, MIN_ATTEMPT_MS + (this.store.confirmMs ?? 0));
     return withTimeout(request, limit, () => new AttemptTimeout(limit)).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
         request.then(giveBack, () => undefined).then(undefined, () => undefined);
@@ -833,10 +840,10 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       try {
         if (lock.holds === 0 && keepMs > 0) {
           // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
-          const [kept] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]);
+          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]));
           left = kept ? 0 : -1;
         } else {
-          left = await this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds);
+          left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds));
         }
       } catch (error) {
         const failure = new LockBackendError('release', lock.key, error);
@@ -867,7 +874,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const start = now();
     let ok: boolean | undefined;
     try {
-      [ok] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]);
+      [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]));
     } catch (error) {
       throw new LockBackendError('extend', lock.key, error);
     }
@@ -899,13 +906,14 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
     if (!o.fair && o.mode !== 'write') return;
-    await this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode)).catch(() => undefined);
+    await this.step(this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode))).catch(() => undefined);
   }
 
   /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */
   async releaseQuietly(handle: LockHandle | LockGroup, minHoldMs = 0): Promise<void> {
     if (handle instanceof LockGroup) {
-      for (const member of [...handle.handles].reverse()) await this.releaseQuietly(member, minHoldMs);
+      // All at once, as LockGroup.release: a frozen Redis holds the group up no longer than one lock.
+      await Promise.all([...handle.handles].reverse().map((member) => this.releaseQuietly(member, minHoldMs)));
       return;
     }
     try {
@@ -949,10 +957,22 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   private async inspect(key: string, owner: string | undefined, operation: string, mode?: LockMode) {
     try {
-      return await this.store.inspect(key, owner, mode);
+      return await this.step(this.store.inspect(key, owner, mode));
     } catch (error) {
       throw new LockBackendError(operation, key, error);
     }
+  }
+
+  /**
+   * A step a caller awaits, bounded by STEP_TIMEOUT_MS: a Redis that stops answering (frozen, or cut
+   * off with no reset) must not hold up the handler's result, which ioredis would do until the
+   * connection closes. A step given up on may still run later, and each of these is safe late: a
+   * release or renewal names its owner, whose later steps on the same connection come after it.
+   */
+  private step<T>(request: Promise<T>): Promise<T> {
+    if (this.store.boundsSteps) return request;
+    const limit = STEP_TIMEOUT_MS + (this.store.confirmMs ?? 0);
+    return withTimeout(request, limit, () => new AttemptTimeout(limit));
   }
 
   private emit(event: LockEvent): void {

@@ -79,6 +79,18 @@ export interface LockStore {
   /** False when fair mode cannot be offered (Redlock). Default true. */
   readonly supportsFairMode?: boolean;
 
+  /**
+   * True when every step bounds its own wait for the backend (Redlock: per node). Otherwise
+   * LockService bounds the steps a caller awaits (release, extend, reads, force-unlock).
+   */
+  readonly boundsSteps?: boolean;
+
+  /**
+   * How long a step may wait for replicas once Redis ran it (replica confirmation: its own `WAIT`,
+   * and one sent before it that blocks the connection). Bounds on steps add it. Default 0.
+   */
+  readonly confirmMs?: number;
+
   /** How much of a lease to take off local deadlines for clock drift (Redlock). Default 0. */
   driftMs?(leaseMs: number): number;
 

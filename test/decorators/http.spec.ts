@@ -75,6 +75,18 @@ class ItemsController {
     return { key: this.locks.current()?.key };
   }
 
+  // Holds while the test says (see `holding`), and takes no other lock.
+  @Get(':id/held')
+  @Locked('item:<0>')
+  async held(@Param('id') id: string) {
+    const wait = holding.get(`item:${id}`);
+    if (wait) {
+      wait.entered();
+      await wait.release;
+    }
+    return { id };
+  }
+
   @Get(':id/missing')
   @Locked('item:<0>')
   async missing(@Param('id') id: string) {
@@ -274,14 +286,53 @@ for (const platform of ['express', 'fastify'] as const) {
       expect(lines('log')).toEqual(['locks can be had again; 2 more @Locked calls were answered "unavailable" after the last line about them']);
       expect(lines('error')).toHaveLength(1);
     });
+
+    it('answers as soon as the handler is done when Redis stops answering meanwhile: the release gives up after 1 s, and runs once Redis is back', async () => {
+      const logged = logger.entries.length;
+      const lines = (level: string) => logger.entries.slice(logged).filter((e) => e.level === level && e.context === 'LockService').map((e) => e.message);
+      const entered = gate();
+      const finish = gate();
+      holding.set('item:77', { entered: entered.open, release: finish.promise });
+      const response = fetch(`${url}/items/77/held`);
+      await entered.promise;
+      holding.delete('item:77');
+      const failed = nextEvent(locks.events$, 'release-failed', (e) => e.key === 'item:77');
+      redis.pause(); // connections stay open, nothing answers
+      try {
+        finish.open();
+        // Without a bound of its own the release would wait for as long as Redis does.
+        const res = await answeredWithin(response, 5_000);
+        expect(res.status).toBe(200);
+        expect(await res.json()).toEqual({ id: '77' });
+        expect(((await failed).error as Error).message).toMatch(/^Redis failed during release of "item:77": no answer within 1000 ms\./);
+        expect(lines('error')).toEqual([expect.stringMatching(/^could not release "item:77"; its lease will free it: /)]);
+      } finally {
+        redis.resume();
+      }
+      // The release was still sent: Redis runs it before this read, which follows it on the same connection.
+      expect(await locks.isLocked('item:77')).toBe(false);
+      expect((await fetch(`${url}/items/77/held`)).status).toBe(200);
+      expect(lines('error')).toHaveLength(1);
+    });
   });
+}
+
+/** `promise`, or a rejection naming what did not come within `ms` (so that a hang fails the test instead of timing it out). */
+async function answeredWithin<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 describe('which @Locked handlers carry LockInterceptor', () => {
   const interceptors = (method: unknown) => (Reflect.getMetadata('__interceptors__', method as object) as unknown[] | undefined) ?? [];
   it('only those where Nest cannot pass the call site (no parameter decorators, @Locked below the route)', () => {
     const handlers = ItemsController.prototype as unknown as Record<string, unknown>;
-    for (const name of ['get', 'transfer', 'missing', 'failFast', 'stream', 'listAbove']) expect(interceptors(handlers[name])).not.toContain(LockInterceptor);
+    for (const name of ['get', 'transfer', 'held', 'missing', 'failFast', 'stream', 'listAbove']) expect(interceptors(handlers[name])).not.toContain(LockInterceptor);
     expect(interceptors(handlers.listBelow)).toContain(LockInterceptor);
   });
 });

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { LockReplicationError } from '../../lib/index.js';
+import { LockReplicationError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, commandCalls, replicaAcknowledges, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
@@ -81,6 +81,32 @@ describe('replica confirmation (WAIT)', () => {
       await lock.release();
     } finally {
       await app.close();
+    }
+  });
+
+  it('waits for a replication timeout longer than the 1 s attempt bound: tryAcquire() and a release see the outcome of WAIT, not "no answer"', async () => {
+    for (const onUnconfirmedAcquire of ['rollback', 'keep'] as const) {
+      const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 1_500, onUnconfirmedAcquire } });
+      try {
+        const key = `r:long-wait:${onUnconfirmedAcquire}`;
+        const outcome = await app.locks.tryAcquire(key).catch((error: unknown) => error);
+        if (onUnconfirmedAcquire === 'rollback') {
+          expect(outcome).toBeInstanceOf(LockReplicationError);
+          expect(await lonely.client().exists(`lock:{${key}}`)).toBe(0);
+        } else {
+          const lock = outcome as LockHandle;
+          expect(await lonely.client().hget(`lock:{${key}}`, lock.owner)).toBe('1');
+          // Its release waits for WAIT's 1.5 s too, and is not reported failed.
+          const failed: unknown[] = [];
+          const watching = app.locks.events$.subscribe((e) => void (e.type === 'release-failed' && failed.push(e)));
+          await lock.release();
+          watching.unsubscribe();
+          expect(failed).toEqual([]);
+          expect(await lonely.client().exists(`lock:{${key}}`)).toBe(0);
+        }
+      } finally {
+        await app.close();
+      }
     }
   });
 

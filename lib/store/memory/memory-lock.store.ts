@@ -14,6 +14,8 @@ import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
  */
 export class MemoryLockStore implements LockStore {
   readonly description = 'in-process memory store (not distributed)';
+  /** Every step answers at once: nothing to bound. */
+  readonly boundsSteps = true;
   private readonly locks = new Map<string, MemoryLock>();
   private readonly fences = new Map<string, { last: number; expiresAt: number }>();
   private readonly queues = new Map<string, Map<string, number>>(); // fair: owner -> place deadline, in order

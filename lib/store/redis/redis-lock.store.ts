@@ -133,6 +133,11 @@ export class RedisLockStore implements LockStore {
     }
   }
 
+  /** See LockStore.confirmMs: a WAIT ahead of the step's own, each up to the replication timeout. */
+  get confirmMs(): number {
+    return this.replication ? 2 * this.replication.timeoutMs : 0;
+  }
+
   /** The Redis name of a lock's hash (also its release channel). */
   lockName(key: string): string {
     return `${this.prefix}{${key}}`;

@@ -44,6 +44,8 @@ const STEP_TIMEOUT_MS = 1_000;
  */
 export class RedlockStore implements LockStore {
   readonly description: string;
+  /** Each step waits for a node at most STEP_TIMEOUT_MS (renewals: the node timeout). */
+  readonly boundsSteps = true;
   readonly quorum: number;
   readonly supportsFairMode = false;
 

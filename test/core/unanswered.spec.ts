@@ -1,0 +1,138 @@
+import { describe, expect, it } from '@jest/globals';
+import { performance } from 'node:perf_hooks';
+import { LockBackendError, type LockHandle } from '../../lib/index.js';
+import { until, type RedisServer } from '../support/redis-server.js';
+import { asleep, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+
+/** Every step a caller awaits gives up after this long; the rejection says so. */
+const BOUND = /^Redis failed during \w+ of "[^"]+": no answer within 1000 ms\./;
+
+/**
+ * Redis stops answering (SIGSTOP: the connections stay open, so ioredis waits for as long as Redis
+ * does) while a lock is held. The leases here (30 s) outlast every test: a lock found free
+ * afterwards was freed by the release that was still sent, not by its lease.
+ */
+describe('steps that Redis does not answer', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  usePrivateLockApp({ leaseMs: 30_000 }, (started) => ({ redis, app } = started));
+
+  /** Awaits `during` (which freezes Redis), then resumes Redis whatever happened. */
+  async function frozen<T>(during: () => Promise<T>): Promise<T> {
+    try {
+      return await within(during(), 5_000);
+    } finally {
+      redis.resume();
+    }
+  }
+
+  it('run() returns fn\'s value when the release is not answered, reports release-failed, and the release runs once Redis is back', async () => {
+    const failed = nextEvent(app.locks.events$, 'release-failed', (e) => e.key === 'frozen:run');
+    const value = await frozen(() =>
+      app.locks.run('frozen:run', () => {
+        redis.pause();
+        return 'done';
+      }),
+    );
+    expect(value).toBe('done');
+    expect(((await failed).error as Error).message).toMatch(BOUND);
+    expect(app.logger.at('error')).toContainEqual(expect.stringMatching(/^could not release "frozen:run"; its lease will free it: /));
+    // Redis runs the release before this read, which follows it on the same connection.
+    expect(await app.locks.isLocked('frozen:run')).toBe(false);
+  });
+
+  it('a group\'s releases are sent together: run([keys]) waits for one bound, not one per key', async () => {
+    const keys = ['frozen:g1', 'frozen:g2', 'frozen:g3'];
+    const failed = nextEvents(app.locks.events$, 'release-failed', 3);
+    let released = 0;
+    const value = await frozen(() =>
+      app.locks.run(keys, () => {
+        redis.pause();
+        released = performance.now();
+        return 'done';
+      }),
+    );
+    const waited = performance.now() - released;
+    expect(value).toBe('done');
+    expect((await failed).map((e) => e.key).sort()).toEqual(keys);
+    // One after the other they would take three bounds (3 s and more).
+    expect(waited).toBeLessThan(2_500);
+    for (const key of keys) expect(await app.locks.isLocked(key)).toBe(false);
+
+    // LockGroup.release() likewise, and it rejects with the first failure.
+    const group = await app.locks.acquire(keys);
+    const rejected = await frozen(() => {
+      redis.pause();
+      const started = performance.now();
+      return group.release().then(
+        () => undefined,
+        (error: unknown) => ({ error, waited: performance.now() - started }),
+      );
+    });
+    expect(rejected?.error).toBeInstanceOf(LockBackendError);
+    expect((rejected?.error as Error).message).toMatch(BOUND);
+    expect(rejected?.waited).toBeLessThan(2_500);
+    for (const key of keys) expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('release(), extend(), the reads and forceUnlock() reject with LockBackendError, and leave the lock as Redis then finds it', async () => {
+    const lock: LockHandle = await app.locks.acquire('frozen:steps');
+    const other = await app.locks.acquire('frozen:other');
+    const results = await frozen(() => {
+      redis.pause();
+      return Promise.allSettled([
+        lock.extend(20_000),
+        app.locks.isLocked('frozen:steps'),
+        app.locks.remainingTtl('frozen:steps'),
+        app.locks.holdCount('frozen:steps', { owner: lock.owner }),
+        lock.release(),
+        app.locks.forceUnlock('frozen:other'),
+      ]);
+    });
+    for (const result of results) {
+      expect(result.status).toBe('rejected');
+      const error = (result as PromiseRejectedResult).reason as LockBackendError;
+      expect(error).toBeInstanceOf(LockBackendError);
+      expect(error.message).toMatch(BOUND);
+    }
+    // The force-unlock ran late, so this process learns of it from its next renewal, not at once.
+    expect(other.signal.aborted).toBe(false);
+    expect(await app.locks.isLocked('frozen:steps')).toBe(false);
+    expect(await app.locks.isLocked('frozen:other')).toBe(false);
+    await other.release();
+  });
+
+  it('a fair waiter and a waiting writer whose wait ends while Redis does not answer reject with LockBackendError (leaving their queue is not waited for)', async () => {
+    const fairHolder = await app.locks.acquire('frozen:fair', { fair: true });
+    const reader = await app.locks.acquire('frozen:rw', { mode: 'read' });
+    const waiters = [
+      app.locks.acquire('frozen:fair', { fair: true, waitMs: 1_000 }),
+      app.locks.acquire('frozen:rw', { mode: 'write', waitMs: 1_000 }),
+    ].map((waiting) => waiting.then(() => 'acquired', (error: unknown) => error));
+    await until(async () => asleep(app, 'frozen:fair') === 1 && asleep(app, 'frozen:rw') === 1, 10_000, 'both waiters asleep');
+    const outcomes = await frozen(() => {
+      redis.pause();
+      return Promise.all(waiters);
+    });
+    for (const outcome of outcomes) {
+      expect(outcome).toBeInstanceOf(LockBackendError);
+      expect((outcome as Error).message).toMatch(BOUND);
+    }
+    await fairHolder.release();
+    await reader.release();
+    // They left their queue once Redis was back: nothing of them stays (the fencing counters do).
+    const left = [...(await redis.client().keys('lock:{frozen:fair}*')), ...(await redis.client().keys('lock:{frozen:rw}*'))];
+    expect(left.sort()).toEqual(['lock:{frozen:fair}:fence', 'lock:{frozen:rw}:fence']);
+  });
+});
+
+/** `promise`, or a rejection after `ms` (so that a hang fails the test instead of timing it out with Redis still frozen). */
+async function within<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
