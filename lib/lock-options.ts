@@ -314,9 +314,14 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
   };
 }
 
+/**
+ * An ioredis Cluster client, or `{ cluster, options }`. Not `'cluster' in value` for clients: every
+ * ioredis client has a `cluster()` method (the CLUSTER command); only a Cluster client says `isCluster`.
+ */
 function isClusterConnection(value: unknown): boolean {
   const v = value as Record<string, unknown> | null | undefined;
-  return typeof v === 'object' && v !== null && ('cluster' in v || v.isCluster === true);
+  if (typeof v !== 'object' || v === null) return false;
+  return isRedisClient(v) ? v.isCluster === true : 'cluster' in v;
 }
 
 function replicationOption(value: unknown, where: string): Required<ReplicationOptions> | undefined {

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis, type RedisOptions } from 'ioredis';
-import { LockBackendError, LockNotAcquiredError, type LockModuleOptions } from '../../lib/index.js';
+import { LockBackendError, LockNotAcquiredError, LockQuorumError, type LockModuleOptions } from '../../lib/index.js';
 import { aborted, lockEachWay, nextEvents, startLockApp, waitRegistered, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { RedisCluster } from '../support/redis-cluster.js';
@@ -366,6 +366,48 @@ describe("a client with ioredis's commandTimeout", () => {
     expect(passed.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.includes('a copy of the client passed in'))).toHaveLength(1);
     // Given as options, it is left out of the connection nestjs-locked makes, and the log says so too.
     expect(built.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.endsWith('Lock steps run without it.'))).toHaveLength(1);
+  });
+});
+
+// The same on Redlock's node clients (passed in, and as options): a node that ran an acquisition
+// its client gave up on would keep a lock nobody gives back, and a majority of such nodes would
+// keep the key from everyone for the whole lease.
+describe("Redlock nodes with ioredis's commandTimeout", () => {
+  let nodes: RedisServer[];
+  const clients: Redis[] = [];
+  const apps: LockApp[] = [];
+  beforeAll(async () => {
+    nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start()));
+    clients.push(...nodes.map((n) => new Redis(n.port, '127.0.0.1', { commandTimeout: 200 })));
+    apps.push(await startLockApp({ redlock: { clients } }));
+    apps.push(await startLockApp({ redlock: { clients: nodes.map((n) => ({ host: '127.0.0.1', port: n.port, commandTimeout: 200 })) } }));
+  });
+  afterAll(async () => {
+    for (const app of apps.splice(0)) await app.close();
+    for (const client of clients.splice(0)) client.disconnect();
+    await Promise.all((nodes ?? []).map((n) => n.stop()));
+  });
+
+  it('leaves no lock on any node when a majority holds an acquisition past the commandTimeout, and keeps the clients passed in as they are', async () => {
+    const held = nodes.slice(1).map((n) => n.shared());
+    for (const [i, app] of apps.entries()) {
+      const key = `ct:redlock:${i}`;
+      for (const node of held) await node.client('PAUSE', 60_000, 'WRITE');
+      let failure: unknown;
+      try {
+        failure = await app.locks.acquire(key, { waitMs: 0 }).then(() => new Error('acquired'), (e: unknown) => e);
+      } finally {
+        for (const node of held) await node.client('UNPAUSE');
+      }
+      // Not ioredis's "Command timed out" at 200 ms: the per-node bound (500 ms for a 30 s lease).
+      expect(failure).toBeInstanceOf(LockQuorumError);
+      expect((failure as Error).message).not.toMatch(/Command timed out/);
+      // The nodes ran the attempt once unpaused; each late grant was given back.
+      await until(async () => (await Promise.all(nodes.map((n) => n.shared().exists(`lock:{${key}}`)))).every((n) => n === 0), 10_000, `the late grants of ${key} given back`);
+      await (await app.locks.acquire(key, { waitMs: 0 })).release();
+    }
+    for (const client of clients) expect(client.options.commandTimeout).toBe(200);
+    expect(apps[0]!.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)'))).toHaveLength(3);
   });
 });
 

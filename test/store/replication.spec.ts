@@ -39,6 +39,22 @@ describe('replica confirmation (WAIT)', () => {
     }
   });
 
+  it('works on an ioredis client passed in (not taken for a Cluster client, which has no WAIT to follow a lock)', async () => {
+    const client = master.client();
+    const app = await startLockApp({ redis: client, replication: { replicas: 1, timeoutMs: 2_000 } });
+    try {
+      const waits = async () => (await commandCalls(master.client(), 'wait')).wait;
+      const before = await waits();
+      const lock = await app.locks.acquire('r:passed');
+      expect(await replica.client().hget('lock:{r:passed}', lock.owner)).toBe('1');
+      await lock.release();
+      expect(await replica.client().exists('lock:{r:passed}')).toBe(0);
+      expect((await waits()) - before).toBe(2);
+    } finally {
+      await app.close();
+    }
+  });
+
   it('confirms a fair handover like any grant: the waiter takes it over with its own attempt and waits for the replica', async () => {
     const app = await startLockApp({ redis: master.url, replication: { replicas: 1, timeoutMs: 2_000 } });
     try {
