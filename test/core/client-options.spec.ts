@@ -388,6 +388,16 @@ describe("Redlock nodes with ioredis's commandTimeout", () => {
     await Promise.all((nodes ?? []).map((n) => n.stop()));
   });
 
+  it('takes locks each way on clients passed in, and wakes a waiter of the other app by message, both ways round', async () => {
+    await lockEachWay(apps[0]!.locks, 'rl:passed');
+    const holder = await apps[0]!.locks.acquire('rl:wake', { leaseMs: 120_000 });
+    await wokenBy(() => holder.release(), apps[1]!, 'rl:wake');
+    const other = await apps[1]!.locks.acquire('rl:wake2', { leaseMs: 120_000 });
+    await wokenBy(() => other.release(), apps[0]!, 'rl:wake2');
+    // The last release returns once two nodes answered; the third follows.
+    await until(async () => (await Promise.all(nodes.map((n) => locksIn(n.shared())))).every((left) => left.length === 0), 5_000, 'nothing left on the nodes');
+  });
+
   it('leaves no lock on any node when a majority holds an acquisition past the commandTimeout, and keeps the clients passed in as they are', async () => {
     const held = nodes.slice(1).map((n) => n.shared());
     for (const [i, app] of apps.entries()) {

@@ -165,9 +165,12 @@ export async function waitRegistered(redis: { hget(key: string, field: string): 
   await until(async () => /^\d+ \S+$/.test((await redis.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, `the fair waiter ${owner} of "${key}" never registered its wait id`);
 }
 
-/** How many waiters of `key` sleep in `app`'s store (waiting for a release). */
+/** How many waiters of `key` sleep in `app`'s store (waiting for a release; under Redlock, on any node's watch). */
 export function asleep(app: LockApp, key: string): number {
-  return (app.locks as unknown as { store: { waiters: { asleep(key: string): number } } }).store.waiters.asleep(key);
+  type Store = { waiters: { asleep(key: string): number } };
+  const store = (app.locks as unknown as { store: Store | { nodes: { store: Store }[] } }).store;
+  if ('nodes' in store) return store.nodes.reduce((sum, node) => sum + node.store.waiters.asleep(key), 0);
+  return store.waiters.asleep(key);
 }
 
 /**
