@@ -56,6 +56,21 @@ describe('Redis Sentinel', () => {
     }
   });
 
+  it('works on a Sentinel-managed ioredis client passed in, with replication (such a client was once taken for a Cluster client and refused)', async () => {
+    const client = new Redis({ sentinels: set.nodes, name: set.name });
+    let passed: LockApp | undefined;
+    try {
+      passed = await startLockApp({ redis: client, replication: { replicas: 1, timeoutMs: 400 } });
+      const lock = await passed.locks.acquire('s:passed', { leaseMs: 120_000 });
+      expect(await set.direct(set.replica).hget('lock:{s:passed}', lock.owner)).toBe('1');
+      await wokenBy(() => lock.release(), app, 's:passed');
+      expect(await set.direct(set.replica).exists('lock:{s:passed}')).toBe(0);
+    } finally {
+      await passed?.close();
+      client.disconnect();
+    }
+  });
+
   it('after the master is killed and the replica promoted, held locks keep renewing on the new master and new locks work', async () => {
     const held = await app.locks.acquire('s:held');
     const lost: string[] = [];
