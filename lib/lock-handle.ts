@@ -82,7 +82,8 @@ export class LockHandle {
   /**
    * Gives this hold back. Idempotent: a second call does nothing. After a loss it does nothing
    * either (the loss was already reported through `signal`). Rejects with `LockBackendError` only
-   * when Redis failed; the lease then frees the lock.
+   * when Redis failed, or did not answer within 1 s (the release was sent, and runs if Redis comes
+   * back); the lease frees the lock otherwise.
    */
   release(): Promise<void> {
     if (this.isReleased) return Promise.resolve();
