@@ -103,7 +103,8 @@ export class LockHandle {
 
   /**
    * Sets the lock's remaining lease to `leaseMs` from now (for a watchdog lock, also the lease it
-   * is renewed with). Rejects with `LockLostError` if the lock is no longer held.
+   * is renewed with). Rejects with `LockLostError` if the lock is no longer held, and with
+   * `LockBackendError` when Redis failed or did not answer within 1 s.
    */
   extend(leaseMs: number): Promise<void> {
     return this.host.extendHandle(this.lock, leaseMs, this);
