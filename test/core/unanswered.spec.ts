@@ -2,7 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, type LockHandle } from '../../lib/index.js';
 import { until, type RedisServer } from '../support/redis-server.js';
-import { asleep, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, nextEvent, nextEvents, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
 /** Every step a caller awaits gives up after this long; the rejection says so. */
 const BOUND = /^Redis failed during \w+ of "[^"]+": no answer within 1000 ms\./;
@@ -125,14 +125,3 @@ describe('steps that Redis does not answer', () => {
     expect(left.sort()).toEqual(['lock:{frozen:fair}:fence', 'lock:{frozen:rw}:fence']);
   });
 });
-
-/** `promise`, or a rejection after `ms` (so that a hang fails the test instead of timing it out with Redis still frozen). */
-async function within<T>(promise: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
-  try {
-    return await Promise.race([promise, late]);
-  } finally {
-    clearTimeout(timer);
-  }
-}

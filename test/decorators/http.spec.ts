@@ -21,7 +21,7 @@ import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { interval, map, type Observable } from 'rxjs';
 import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 class TransferDto {
@@ -301,7 +301,7 @@ for (const platform of ['express', 'fastify'] as const) {
       try {
         finish.open();
         // Without a bound of its own the release would wait for as long as Redis does.
-        const res = await answeredWithin(response, 5_000);
+        const res = await within(response, 5_000);
         expect(res.status).toBe(200);
         expect(await res.json()).toEqual({ id: '77' });
         expect(((await failed).error as Error).message).toMatch(/^Redis failed during release of "item:77": no answer within 1000 ms\./);
@@ -315,17 +315,6 @@ for (const platform of ['express', 'fastify'] as const) {
       expect(lines('error')).toHaveLength(1);
     });
   });
-}
-
-/** `promise`, or a rejection naming what did not come within `ms` (so that a hang fails the test instead of timing it out). */
-async function answeredWithin<T>(promise: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
-  try {
-    return await Promise.race([promise, late]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 describe('which @Locked handlers carry LockInterceptor', () => {

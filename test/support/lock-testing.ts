@@ -223,3 +223,14 @@ export async function firstAfterRelease(app: LockApp, other: LockApp, prefix: st
   }
   return first;
 }
+
+/** `promise`, or a rejection after `ms`, so that a hang fails the test (and its cleanup still runs) instead of timing it out. */
+export async function within<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
