@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis, type RedisOptions } from 'ioredis';
 import { LockBackendError, LockNotAcquiredError, LockQuorumError, type LockModuleOptions } from '../../lib/index.js';
-import { aborted, lockEachWay, nextEvents, startLockApp, waitRegistered, wokenBy, type LockApp } from '../support/lock-testing.js';
+import { aborted, lockEachWay, nextEvents, startLockApp, waitRegistered, within, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
@@ -259,9 +259,12 @@ describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Red
     app = await server.app({ redis: client, leaseMs: 1_500 });
   });
 
-  it('reports the held lock lost at its deadline, bounds an acquisition, and leaves no lock behind once Redis is back', async () => {
+  it('reports the held lock lost at its deadline, bounds an acquisition and a release, and leaves no lock behind once Redis is back', async () => {
     const held = await app.locks.acquire('bq:held');
+    const released = await app.locks.acquire('bq:released');
     await server.redis.kill();
+    // A release waits in the offline queue too, for its 1 s bound.
+    await expect(within(released.release(), 5_000)).rejects.toThrow(/^Redis failed during release of "bq:released": no answer within 1000 ms\./);
     // Renewals wait in the offline queue: the lease deadline, on this process's clock, ends the lock.
     expect(await aborted(held.signal)).toMatchObject({ reason: 'lease-expired' });
     // The attempt is bounded (at least 1 s) although its command waits in the queue.
