@@ -416,6 +416,22 @@ describe("Redlock nodes with ioredis's commandTimeout", () => {
     expect(plain.map((c) => c.status)).toEqual(['ready', 'ready', 'ready']);
   });
 
+  it.each([
+    ['checked at bootstrap', {}],
+    ['not checked (connectTimeoutMs: 0)', { connectTimeoutMs: 0 }],
+  ])('connects node clients passed in with lazyConnect at bootstrap, %s', async (_name, options) => {
+    const lazy = nodes.map((n) => new Redis(n.port, '127.0.0.1', { lazyConnect: true }));
+    clients.push(...lazy);
+    const app = await startLockApp({ redlock: { clients: lazy }, ...options });
+    try {
+      expect(lazy.map((c) => c.status)).not.toContain('wait');
+      const lock = await app.locks.acquire('rl:lazy', { waitMs: 0 });
+      await lock.release();
+    } finally {
+      await app.close();
+    }
+  });
+
   it('leaves no lock on any node when a majority holds an acquisition past the commandTimeout, and keeps the clients passed in as they are', async () => {
     const held = nodes.slice(1).map((n) => n.shared());
     for (const [i, app] of apps.entries()) {
