@@ -14,7 +14,7 @@ export { LockBackendError } from './errors/lock-backend.error.js';
 export { LockReplicationError } from './errors/lock-replication.error.js';
 export { LockQuorumError, type RedlockVote } from './errors/lock-quorum.error.js';
 export { Locked, type LockedKey } from './decorators/locked.decorator.js';
-export { LockInterceptor } from './lock.interceptor.js';
+export { LockGraphQLError, LockInterceptor, type LockErrorExtensions } from './lock.interceptor.js';
 export type { ContentionPolicy, LockedOptions } from './lock-options.js';
 export { LockUpgradeError } from './errors/lock-upgrade.error.js';
 export type { LockMode } from './store/lock-store.js';

@@ -1,6 +1,7 @@
 import {
   HttpException,
   Injectable,
+  IntrinsicException,
   type CallHandler,
   type ExecutionContext,
   type NestInterceptor,
@@ -26,6 +27,31 @@ function classify(error: unknown, contendedHttpStatus: number): { code: string; 
 
 const REASONS: Record<number, string> = { 409: 'Conflict', 423: 'Locked', 503: 'Service Unavailable' };
 
+/** What a GraphQL client reads in `errors[].extensions` of a `@Locked` resolver's lock failure. */
+export interface LockErrorExtensions {
+  code: 'LOCK_NOT_ACQUIRED' | 'LOCK_LOST' | 'LOCK_UNAVAILABLE';
+  key?: string;
+  retryAfterMs?: number;
+}
+
+/**
+ * A lock failure of a `@Locked` GraphQL resolver. graphql-js answers every error a resolver throws
+ * with a `GraphQLError` that copies the thrown error's `extensions`, so clients read the code in
+ * `errors[].extensions.code` (no dependency on the `graphql` package needed). It is an
+ * `IntrinsicException`, like `HttpException`, so Nest does not log it as an unhandled error; the
+ * lock error is its `cause`.
+ */
+export class LockGraphQLError extends IntrinsicException {
+  override readonly name = 'LockGraphQLError';
+  constructor(
+    message: string,
+    readonly extensions: LockErrorExtensions,
+    options: { cause: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
 /**
  * Turns a lock failure of a `@Locked` handler into what its transport expects:
  *
@@ -37,6 +63,8 @@ const REASONS: Record<number, string> = { 409: 'Conflict', 423: 'Locked', 503: '
  *   name servers, goes to the log, since Nest does not log the exceptions it answers with).
  * - Microservices: an `RpcException` with `{ status: 'error', code, message, key, retryAfterMs }`.
  * - WebSockets: a `WsException` with the same object.
+ * - GraphQL (`@nestjs/graphql` resolvers): a `LockGraphQLError` whose message is the body's and
+ *   whose `extensions` are `{ code, key, retryAfterMs }`, which the GraphQL response carries.
  *
  * Every other error, the handler's own exceptions included, is returned unchanged.
  */
@@ -45,7 +73,7 @@ export async function translateLockError(error: unknown, context: ExecutionConte
   if (!kind) return error;
   const lockError = error as LockNotAcquiredError | LockLostError | LockBackendError | LockReplicationError | LockQuorumError;
   const type = context.getType<string>();
-  if (type !== 'http' && type !== 'rpc' && type !== 'ws') return error;
+  if (type !== 'http' && type !== 'rpc' && type !== 'ws' && type !== 'graphql') return error;
   const retryAfterMs = lockError instanceof LockNotAcquiredError ? lockError.retryAfterMs : undefined;
   if (kind.unavailable) locks.noteUnavailable(lockError);
   const body = {
@@ -71,6 +99,10 @@ export async function translateLockError(error: unknown, context: ExecutionConte
     case 'rpc': {
       const { RpcException } = await import('@nestjs/microservices');
       return new RpcException({ status: 'error', ...body });
+    }
+    case 'graphql': {
+      const { message, ...extensions } = body;
+      return new LockGraphQLError(message, extensions as LockErrorExtensions, { cause: error });
     }
     default: {
       const { WsException } = await import('@nestjs/websockets');

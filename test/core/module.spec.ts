@@ -31,6 +31,9 @@ describe('LockModule', () => {
     const legacy = process.env.NEST_MAJOR === '11';
     expect(core.version.split('.')[0]).toBe(legacy ? '11' : '12');
     expect(ioredis.version.split('.')[0]).toBe(legacy ? '5' : '6');
+    // The GraphQL test runs on the @nestjs/graphql of this run's Nest major (compat/ holds its own).
+    const graphql = (await import('@nestjs/graphql/package.json', { with: { type: 'json' } })).default as { version: string };
+    expect(graphql.version.split('.')[0]).toBe(legacy ? '13' : '14');
   });
 
   it('runs on the floors of the peer ranges where this run was started for them (the Nest 11 and the Nest 12 floor runs)', async () => {
