@@ -75,6 +75,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly store: LockStore;
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
+  /**
+   * The services of this process not yet closed: more than one when `LockModule.forRoot()` is
+   * imported more than once. A lock is reentrant only through the service that took it, so an
+   * acquisition that finds its key held tells whether another of them holds it in the calling
+   * context (see refuseOwnLock).
+   */
+  private static readonly open = new Set<LockService>();
   private readonly held = new Map<string, HeldLock>();
   /** Every owner this service makes for a context starts with this random id (see contextFor, countHolds). */
   private readonly ownerPrefix = `${randomBytes(9).toString('base64url')}:`;
@@ -107,6 +114,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   constructor(@Inject(LOCK_MODULE_OPTIONS) options: LockModuleOptions) {
     this.options = resolveModuleOptions(options);
     this.store = this.createStore();
+    LockService.open.add(this);
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
       group: (lock) => this.store.renewalGroup?.(lock.key) ?? 0,
@@ -399,6 +407,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         const retryAfterMs = result.ttlMs < 0 ? undefined : result.ttlMs;
         if (!contended) {
           contended = true;
+          if (o.waitMs > 0) await this.refuseOwnLock(result.blockedBy, context.owner, o);
           this.emit({ type: 'contended', key: result.blockedBy, owner: context.owner, retryAfterMs });
         }
         if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'contended');
@@ -575,6 +584,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
       if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
       if (attempt.result.upgrade) throw new LockUpgradeError(key);
+      if (o.waitMs > 0) await this.refuseOwnLock(key, context.owner, o);
       const retryAfter = (r: AcquireResult) => (r.granted || r.ttlMs < 0 ? undefined : r.ttlMs);
       this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
       if (o.waitMs === 0) {
@@ -887,6 +897,34 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     this.watchdog.touch(lock);
   }
 
+  /**
+   * An acquisition that would wait found `key` held. If the holder is the calling context itself, through another
+   * LockService of this process (`LockModule.forRoot()` imported more than once: each import has a
+   * service of its own, and a lock is reentrant only through the service that took it), waiting
+   * would wait for the caller's own lock until `waitMs` ran out: fail at once, saying what to fix.
+   * Asks Redis only when another service holds `key` in the calling context, so that a lock of
+   * another service on another Redis (the same key name, another lock) is never taken for it.
+   */
+  private async refuseOwnLock(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
+    let outer: LockHandle | undefined;
+    for (const other of LockService.open) {
+      if (other === this) continue;
+      for (let c = other.contexts.getStore(); c && !outer; c = c.parent) {
+        outer = (c.group?.handles ?? (c.handle ? [c.handle] : [])).find((h) => h.key === key && !h.released && !h.lock.lost);
+      }
+      if (outer) break;
+    }
+    if (!outer) return;
+    const state = await this.step(this.store.inspect(key, outer.owner, outer.lock.mode)).catch(() => undefined);
+    if (!state || state.holdCount === 0) return;
+    await this.abandon(key, owner, o);
+    throw new LockConfigurationError(
+      'LockModule',
+      `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() (or LockTestingModule.forRoot()) is imported more than once in this process, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
+        `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
+    );
+  }
+
   /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */
   private holdsHere(owner: string, key: string, mode: LockMode): boolean {
     return this.held.has(heldLockId(owner, key, mode));
@@ -981,6 +1019,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   }
 
   private close(): Promise<void> {
+    LockService.open.delete(this);
     this.closing ??= (async () => {
       this.watchdog.stop();
       // Waiters wake and fail with the shutdown error, leaving fair queues and waiting writers first;

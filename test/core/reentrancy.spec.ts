@@ -1,8 +1,10 @@
 import { AsyncResource } from 'node:async_hooks';
-import { describe, expect, it } from '@jest/globals';
-import { LockHandle, LockNotAcquiredError, type LockLostError } from '../../lib/index.js';
-import type { RedisServer } from '../support/redis-server.js';
-import { gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Injectable, Module } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
+import { RedisServer } from '../support/redis-server.js';
+import { CapturingLogger, gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
@@ -165,5 +167,118 @@ describe('owners and reentrancy', () => {
       expect(await app.locks.holdCount(key)).toBe(1);
     });
     expect(await app.locks.isLocked(key)).toBe(false);
+  });
+});
+
+@Injectable()
+class Ledger {
+  readonly debited: number[] = [];
+  constructor(readonly locks: LockService) {}
+  @Locked('account:<0>', { waitMs: 20_000 })
+  async debit(id: number) {
+    this.debited.push(id);
+    return `debited ${id}`;
+  }
+}
+
+@Injectable()
+class Transfers {
+  constructor(
+    readonly ledger: Ledger,
+    readonly locks: LockService,
+  ) {}
+  @Locked('account:<0>', { waitMs: 20_000 })
+  async transfer(id: number) {
+    return this.ledger.debit(id);
+  }
+  @Locked('transfer:<0>', { waitMs: 20_000 })
+  async transferOther(id: number) {
+    return this.ledger.debit(id);
+  }
+}
+
+describe('LockModule.forRoot() imported twice in one application', () => {
+  // Each import makes a LockService of its own: a lock is reentrant only through the one that took
+  // it, so a @Locked method calling another module's @Locked method on the same key would wait for
+  // its caller's lock until waitMs (20 s here) ran out.
+  let redis: RedisServer;
+  let other: RedisServer;
+  let app: TestingModule;
+  let outerLocks: LockService;
+  let innerLocks: LockService;
+  beforeAll(async () => {
+    [redis, other] = await Promise.all([RedisServer.start(), RedisServer.start()]);
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Ledger], exports: [Ledger] })
+    class LedgerModule {}
+    @Module({ imports: [LedgerModule, LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
+    class TransfersModule {}
+    app = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
+    await app.init();
+    innerLocks = app.get(Ledger).locks;
+    outerLocks = app.get(Transfers).locks;
+  });
+  afterAll(async () => {
+    await app?.close();
+    await Promise.all([redis?.stop(), other?.stop()]);
+  });
+
+  it('has two LockServices (the setup this block is about)', () => {
+    expect(innerLocks).toBeInstanceOf(LockService);
+    expect(outerLocks).toBeInstanceOf(LockService);
+    expect(innerLocks).not.toBe(outerLocks);
+  });
+
+  it('fails the inner @Locked call at once with a LockConfigurationError that says to import LockModule.forRoot() once, instead of waiting for its own caller', async () => {
+    const transfers = app.get(Transfers);
+    const started = performance.now();
+    const failure = await transfers.transfer(1).catch((e: unknown) => e);
+    expect(performance.now() - started).toBeLessThan(5_000);
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+    expect((failure as Error).message).toMatch(/Lock "account:1" is held by this same call, through another LockService: LockModule.forRoot\(\) .* imported more than once/);
+    expect((failure as Error).message).toMatch(/Import LockModule.forRoot\(\) once, with isGlobal: true/);
+    expect(transfers.ledger.debited).not.toContain(1);
+    // The outer lock was released with the failure.
+    expect(await outerLocks.isLocked('account:1')).toBe(false);
+  });
+
+  it('does the same for run() inside run() on the two services, and leaves the outer lock held', async () => {
+    await outerLocks.run('account:2', async (outer) => {
+      await expect(innerLocks.run('account:2', async () => 'inner ran')).rejects.toBeInstanceOf(LockConfigurationError);
+      expect(outer.isHeld).toBe(true);
+      expect(await outerLocks.holdCount('account:2')).toBe(1);
+    });
+    expect(await innerLocks.isLocked('account:2')).toBe(false);
+  });
+
+  it('does the same for a multi-key lock whose keys include the caller\'s', async () => {
+    await outerLocks.run('account:3', async () => {
+      await expect(innerLocks.run(['account:3', 'account:4'], async () => 'inner ran')).rejects.toBeInstanceOf(LockConfigurationError);
+    });
+    expect(await innerLocks.isLocked('account:4')).toBe(false);
+  });
+
+  it('lets nested calls on the two services take different keys', async () => {
+    expect(await app.get(Transfers).transferOther(5)).toBe('debited 5');
+  });
+
+  it('keeps tryAcquire() an answer, not an error: the key is held (the caller only asked whether it is free)', async () => {
+    await outerLocks.run('account:6', async () => {
+      expect(await innerLocks.tryAcquire('account:6')).toBeNull();
+    });
+  });
+
+  it('still waits when the caller holds the same key name through a service on another Redis (another lock) and a third owner holds it here', async () => {
+    const elsewhere = await startLockApp({ redis: other.url });
+    try {
+      const holder = await innerLocks.acquire('account:7', { leaseMs: 5_000 });
+      await elsewhere.locks.run('account:7', async () => {
+        const failure = await innerLocks.acquire('account:7', { waitMs: 300 }).catch((e: unknown) => e);
+        expect(failure).toBeInstanceOf(LockNotAcquiredError);
+        expect((failure as LockNotAcquiredError).reason).toBe('timeout');
+      });
+      await holder.release();
+    } finally {
+      await elsewhere.close();
+    }
   });
 });
