@@ -149,6 +149,11 @@ export function spawnUntilReady(args: string[], marker: string, what: string): {
   return { process: child, ready };
 }
 
+/** How many connections are subscribed to the release channel of `key` (default prefix `lock:`). */
+export async function subscribers(raw: Redis, key: string): Promise<number> {
+  return Number(((await raw.pubsub('NUMSUB', `lock:{${key}}`)) as unknown[])[1]);
+}
+
 /** Resolves once `check` resolves true (a throwing check counts as false), polling every 50 ms; rejects after `ms`. */
 export async function until(check: () => Promise<boolean>, ms: number, what: string): Promise<void> {
   const end = Date.now() + ms;

@@ -2,14 +2,10 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/glob
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, type LockHandle } from '../../lib/index.js';
-import { RedisServer, tcpProxy, until } from '../support/redis-server.js';
+import { RedisServer, subscribers, tcpProxy, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /** How many connections are subscribed to `lock:{key}`'s release channel. */
-async function subscribers(raw: Redis, key: string): Promise<number> {
-  return Number(((await raw.pubsub('NUMSUB', `lock:{${key}}`)) as unknown[])[1]);
-}
-
 /** The ids of the connections subscribed to at least one channel. */
 async function subscribedConnections(raw: Redis): Promise<string[]> {
   const list = String(await raw.call('CLIENT', 'LIST', 'TYPE', 'pubsub'));

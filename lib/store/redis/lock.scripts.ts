@@ -13,6 +13,11 @@
  * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
  * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
+ * The scripts publish with `redis.pcall`: a publish Redis refuses (an ACL user without these
+ * channels: Redis 7 gives a user created with ACL SETUSER none unless granted) only leaves waiters
+ * to retry, and never fails the release it follows, whose writes Redis has already made (a Lua error
+ * does not undo them). `PUBLISH_CHECK` tells the store at bootstrap, which warns.
+ *
  * Every name of one lock starts with the same `{K}` hash tag, so on Redis Cluster they share a slot
  * (keys never contain braces; see `assertLockKey`). The channel name is passed to the scripts as an
  * argument rather than derived from KEYS, so an ioredis `keyPrefix` on the client (which prefixes
@@ -130,7 +135,7 @@ const handOver = `local function handOver(t, channel, publisher, lifetime)
   ${nextToken('t', 'lifetime')}
   redis.call('hset', lock, head, '1', ':handed', head)
   redis.call('pexpire', lock, handoverLease)
-  redis.call(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
+  redis.pcall(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
   return {token, waitId, head}
 end`;
 
@@ -147,7 +152,7 @@ const freed = (lifetime: string) => `local handed = false
 local present = redis.call('exists', lock, queue)
 if present == 0 or (present == 1 and redis.call('exists', lock) == 0) then
   if present == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3], ${lifetime}) end
-  if not handed then redis.call(ARGV[3], ARGV[2], 'released') end
+  if not handed then redis.pcall(ARGV[3], ARGV[2], 'released') end
 end`;
 
 /** Lua prologue of the scripts that use `freed`. */
@@ -285,7 +290,7 @@ export const RELEASE_TO = releaseScript(`if redis.call('exists', lock, queue) ==
   ${nextToken('t', 'ARGV[7]')}
   redis.call('hset', lock, ARGV[5], '1')
   redis.call('pexpire', lock, ARGV[6])
-  redis.call(ARGV[3], ARGV[2], 'released')
+  redis.pcall(ARGV[3], ARGV[2], 'released')
   return {0, tonumber(token)}
 end
 `);
@@ -459,11 +464,11 @@ local left = redis.call('hlen', lock)
 local mode = redis.call('hget', lock, ':mode')
 if left == 0 or (left == 1 and mode) then
   redis.call('del', lock)
-  redis.call(ARGV[3], ARGV[2], 'all')
+  redis.pcall(ARGV[3], ARGV[2], 'all')
 elseif not mode and string.sub(field, -5) ~= ':read' then
   -- the writer left; only its own read holds remain
   redis.call('hset', lock, ':mode', 'read')
-  redis.call(ARGV[3], ARGV[2], 'all')
+  redis.pcall(ARGV[3], ARGV[2], 'all')
 end
 return 0
 `;
@@ -512,3 +517,10 @@ for i = 1, n do
 end
 return out
 `;
+
+/**
+ * Publish on a lock's channel as the release scripts do (KEYS[1] the lock hash, for Cluster
+ * routing; ARGV[1] the publish command, ARGV[2] the channel), to tell at bootstrap whether this
+ * connection's user may (see the note on `redis.pcall` above). Nobody waits on the channel used.
+ */
+export const PUBLISH_CHECK = `return redis.call(ARGV[1], ARGV[2], 'check')`;

@@ -15,6 +15,7 @@ import {
   INSPECT,
   LEAVE_QUEUE,
   LEAVE_WRITERS,
+  PUBLISH_CHECK,
   RELEASE,
   RELEASE_TO,
   RELEASE_ALL,
@@ -43,6 +44,7 @@ const scripts = {
   holders: new RedisScript('holders', HOLDERS),
   forceUnlock: new RedisScript('forceUnlock', FORCE_UNLOCK),
   adjustHolds: new RedisScript('adjustHolds', ADJUST_HOLDS),
+  publishCheck: new RedisScript('publishCheck', PUBLISH_CHECK),
 };
 
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
@@ -184,15 +186,45 @@ export class RedisLockStore implements LockStore {
     }
     if (!this.cluster) {
       await Promise.all(Object.values(scripts).map((s) => s.load(client as Redis)));
-      return;
+    } else {
+      const cluster = client as Cluster;
+      const masters = cluster.nodes('master');
+      await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
+      // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
+      const info = String(await masters[0]!.info('server'));
+      const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
+      if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
     }
-    const cluster = client as Cluster;
-    const masters = cluster.nodes('master');
-    await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
-    // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
-    const info = String(await masters[0]!.info('server'));
-    const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
-    if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
+    await this.checkPublish();
+  }
+
+  /** Whether the first ready() checked that releases may publish (health() calls ready() again). */
+  private publishChecked = false;
+
+  /**
+   * Once, at bootstrap: whether this connection's Redis user may publish on the lock channels. An
+   * ACL user may not unless granted them (Redis 7 creates users with no channels). Locks still
+   * work then (the scripts publish with pcall), but a release cannot wake the waiters of other
+   * processes, which retry only when the lease they were told of runs out: say so, and how to
+   * allow them. A check that fails for another reason says nothing (the steps themselves report it).
+   */
+  private async checkPublish(): Promise<void> {
+    if (this.publishChecked) return;
+    this.publishChecked = true;
+    const channel = this.lockName('nestjs-locked:publish-check');
+    try {
+      await scripts.publishCheck.run(this.client, [channel], [this.publish, channel]);
+    } catch (error) {
+      const text = error instanceof Error ? error.message : String(error);
+      if (!/NOPERM|channel/i.test(text)) {
+        this.log.debug(`could not check that releases may publish on ${this.description}: ${text}`);
+        return;
+      }
+      this.log.warn(
+        `${this.description} refused a publish on a lock channel (${text.split('\n')[0]}). Locks still work, but a release cannot wake waiters: those of other processes retry only when the holder's lease (as they last saw it) runs out. ` +
+          `Allow this connection's Redis user the lock channels, for example ACL SETUSER <user> &${this.prefix}* (Redis 7 gives users created with ACL SETUSER no channels unless acl-pubsub-default is allchannels).`,
+      );
+    }
   }
 
   /** The KEYS of the scripts that may free a lock and hand it to the next fair waiter (see lock.scripts.ts). */

@@ -1,0 +1,134 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import type { LockEvent } from '../../lib/index.js';
+import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { RedisServer, subscribers, until } from '../support/redis-server.js';
+
+/**
+ * An ACL user may publish and subscribe only on the channels it is granted, and Redis 7 creates
+ * users with none (acl-pubsub-default resetchannels): a common setup on managed Redis. The release
+ * scripts publish on the lock's channel after they freed it, and a Lua error does not undo writes.
+ */
+describe('a Redis ACL user without the lock channels', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  const as = (user: string) => `redis://${user}:${user}-password@127.0.0.1:${redis.port}`;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    await raw.call('ACL', 'SETUSER', 'nochannels', 'on', '>nochannels-password', '~*', '+@all', 'resetchannels');
+    await raw.call('ACL', 'SETUSER', 'lockchannels', 'on', '>lockchannels-password', '~*', '+@all', 'resetchannels', '&lock:*');
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  async function using<T>(user: string, fn: (app: LockApp) => Promise<T>, options = {}): Promise<T> {
+    const app = await startLockApp({ redis: as(user), ...options });
+    try {
+      return await fn(app);
+    } finally {
+      await app.close();
+    }
+  }
+
+  it('warns once at bootstrap, naming the refusal and the ACL rule that allows the channels', async () => {
+    await using('nochannels', async (app) => {
+      expect(app.logger.at('warn')).toEqual([
+        expect.stringMatching(/refused a publish on a lock channel \(.*publish to the channel.*\)\. Locks still work, but a release cannot wake waiters.*ACL SETUSER <user> &lock:\*/),
+      ]);
+      // health() checks readiness again, not the channels.
+      expect((await app.locks.health()).status).toBe('up');
+      expect(app.logger.at('warn')).toHaveLength(1);
+    });
+  });
+
+  it('releases and frees every kind of lock without reporting a failure: run(), release(), a write lock, forceUnlock()', async () => {
+    await using('nochannels', async (app) => {
+      const events: LockEvent[] = [];
+      const subscription = app.locks.events$.subscribe((e) => events.push(e));
+      try {
+        expect(await app.locks.run('acl:run', async () => 'ran')).toBe('ran');
+        const plain = await app.locks.acquire('acl:plain');
+        await plain.release();
+        const write = await app.locks.acquire('acl:rw', { mode: 'write' });
+        await write.release();
+        const read = await app.locks.acquire('acl:rw', { mode: 'read' });
+        await read.release();
+        const fair = await app.locks.acquire('acl:fair', { fair: true });
+        await fair.release();
+        await app.locks.acquire('acl:forced');
+        expect(await app.locks.forceUnlock('acl:forced')).toBe(true);
+        for (const key of ['acl:run', 'acl:plain', 'acl:rw', 'acl:fair', 'acl:forced']) expect([key, await raw.exists(`lock:{${key}}`)]).toEqual([key, 0]);
+        expect(events.filter((e) => e.type === 'release-failed')).toEqual([]);
+        expect(app.logger.at('error')).toEqual([]);
+      } finally {
+        subscription.unsubscribe();
+      }
+    });
+  });
+
+  it('hands a fair lock to a waiter of another process: its "granted" message is refused, and the waiter finds the grant on its own retry', async () => {
+    const waiters = await startLockApp({ redis: redis.url });
+    try {
+      await using('nochannels', async (holders) => {
+        const holder = await holders.locks.acquire('acl:handover', { fair: true, leaseMs: 60_000 });
+        const contended = nextEvent(waiters.locks.events$, 'contended', (e) => e.key === 'acl:handover');
+        const waiting = waiters.locks.acquire('acl:handover', { fair: true, waitMs: 30_000 });
+        waiting.catch(() => undefined);
+        await contended;
+        // Asleep on the channel: only the message, or its own retry, can tell it of the handover.
+        await until(async () => (await subscribers(raw, 'acl:handover')) === 1, 10_000, 'the waiter subscribed');
+        await holder.release();
+        const lock = await waiting;
+        expect(lock.isHeld).toBe(true);
+        await lock.release();
+        expect(holders.logger.at('error')).toEqual([]);
+      });
+    } finally {
+      await waiters.close();
+    }
+  });
+
+  it('lets a waiter whose SUBSCRIBE is refused warn, and take the lock by its own retry within the holder\'s lease', async () => {
+    const holders = await startLockApp({ redis: redis.url, leaseMs: 1_000 });
+    try {
+      await using('nochannels', async (waiters) => {
+        const holder = await holders.locks.acquire('acl:unsubscribed');
+        const waiting = waiters.locks.acquire('acl:unsubscribed', { waitMs: 30_000 });
+        waiting.catch(() => undefined);
+        await until(async () => waiters.logger.at('warn').length === 2, 10_000, 'the refused SUBSCRIBE logged');
+        expect(waiters.logger.at('warn')[1]).toMatch(/could not subscribe to release channel lock:\{acl:unsubscribed\}; waiting falls back to lease-bounded retries.*NOPERM/);
+        await holder.release();
+        const lock = await waiting;
+        expect(lock.isHeld).toBe(true);
+        await lock.release();
+      });
+    } finally {
+      await holders.close();
+    }
+  });
+
+  it('gives no warning to a user granted &lock:*, whose release wakes a waiter of another process by message', async () => {
+    const waiters = await startLockApp({ redis: redis.url });
+    try {
+      await using('lockchannels', async (holders) => {
+        expect(holders.logger.at('warn')).toEqual([]);
+        const holder = await holders.locks.acquire('acl:woken', { leaseMs: 60_000 });
+        const contended = nextEvent(waiters.locks.events$, 'contended', (e) => e.key === 'acl:woken');
+        const waiting = waiters.locks.acquire('acl:woken', { waitMs: 60_000 });
+        waiting.catch(() => undefined);
+        await contended;
+        await until(async () => (await subscribers(raw, 'acl:woken')) === 1, 10_000, 'the waiter subscribed');
+        const releasedAt = performance.now();
+        await holder.release();
+        const lock = await waiting;
+        // The holder's lease is 60 s: only the release message wakes the waiter this fast.
+        expect(performance.now() - releasedAt).toBeLessThan(5_000);
+        await lock.release();
+      });
+    } finally {
+      await waiters.close();
+    }
+  });
+});
