@@ -144,6 +144,21 @@ describe('Redis Cluster', () => {
     expect(other.moduleRef.get(LockService)).toBeDefined();
   });
 
+  it('warns at bootstrap when a master may evict lock keys, naming that master', async () => {
+    const [, second] = cluster.servers;
+    const node = cluster.node(second!);
+    await node.config('SET', 'maxmemory', '100mb', 'maxmemory-policy', 'allkeys-lru');
+    try {
+      const other = await startLockApp({ redis: { cluster: cluster.nodes } });
+      await other.close();
+      expect(other.logger.at('warn')).toEqual([
+        expect.stringMatching(new RegExp(`^redis cluster .* \\(master 127\\.0\\.0\\.1:${second!.port}\\) may evict lock keys: maxmemory is 104857600 bytes with maxmemory-policy allkeys-lru`)),
+      ]);
+    } finally {
+      await node.config('SET', 'maxmemory', '0', 'maxmemory-policy', 'noeviction');
+    }
+  });
+
   it('connects a Cluster client created with lazyConnect at the bootstrap check', async () => {
     const client = cluster.client({ lazyConnect: true });
     expect(client.status).toBe('wait');

@@ -38,6 +38,21 @@ describe('Redlock over 3 independent servers', () => {
     await Promise.all(nodes.map((n) => n.stop()));
   });
 
+  it('warns at bootstrap when a node may evict lock keys, naming that node', async () => {
+    const node = nodes[2]!.client();
+    await node.config('SET', 'maxmemory', '100mb', 'maxmemory-policy', 'volatile-lru');
+    try {
+      const other = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
+      // Bootstrap waits for a majority of nodes: the third may finish its check a moment later.
+      await until(async () => other.logger.at('warn').length > 0, 5_000, 'the warning').finally(() => other.close());
+      expect(other.logger.at('warn')).toEqual([
+        expect.stringMatching(new RegExp(`^redis 127\\.0\\.0\\.1:${nodes[2]!.port} may evict lock keys: maxmemory is 104857600 bytes with maxmemory-policy volatile-lru`)),
+      ]);
+    } finally {
+      await node.config('SET', 'maxmemory', '0', 'maxmemory-policy', 'noeviction');
+    }
+  });
+
   it('takes a lock on every node and releases it on every node', async () => {
     // Each step returns once two nodes answered: the third may run it a moment later.
     const lock = await app.locks.acquire('rl:all');

@@ -184,33 +184,60 @@ export class RedisLockStore implements LockStore {
         client.once('end', onEnd);
       });
     }
+    let masters: Redis[];
     if (!this.cluster) {
+      masters = [client as Redis];
       await Promise.all(Object.values(scripts).map((s) => s.load(client as Redis)));
     } else {
       const cluster = client as Cluster;
-      const masters = cluster.nodes('master');
+      masters = cluster.nodes('master');
       await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
       // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
       const info = String(await masters[0]!.info('server'));
       const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
       if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
     }
-    await this.checkPublish();
+    if (this.checked) return;
+    // Once, at bootstrap (health() calls ready() again): what the application should be told.
+    this.checked = true;
+    await Promise.all([this.checkPublish(), ...masters.map((node) => this.checkEviction(node))]);
   }
 
-  /** Whether the first ready() checked that releases may publish (health() calls ready() again). */
-  private publishChecked = false;
+  /** Whether the first ready() made the checks that end prepare(). */
+  private checked = false;
 
   /**
-   * Once, at bootstrap: whether this connection's Redis user may publish on the lock channels. An
+   * Whether Redis may evict lock keys: with a `maxmemory` and any policy but `noeviction`, memory
+   * pressure can delete a held lock (its key has an expiry, so `volatile-*` policies pick it too),
+   * and another owner then takes it while its holder still works. Managed Redis services often
+   * default to `volatile-lru`. Warns; INFO refused (an ACL) says nothing.
+   */
+  private async checkEviction(node: Redis): Promise<void> {
+    let info: string;
+    try {
+      info = String(await node.info('memory'));
+    } catch (error) {
+      this.log.debug(`could not read the eviction policy of ${this.description}: ${String(error)}`);
+      return;
+    }
+    const maxmemory = Number(/^maxmemory:(\d+)/m.exec(info)?.[1] ?? 0);
+    const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1];
+    if (maxmemory === 0 || !policy || policy === 'noeviction') return;
+    const where = this.cluster ? `${this.description} (master ${node.options.host}:${node.options.port})` : this.description;
+    this.log.warn(
+      `${where} may evict lock keys: maxmemory is ${maxmemory} bytes with maxmemory-policy ${policy}. Under memory pressure Redis can delete a held lock (lock keys have an expiry, so volatile-* policies choose them too), and another owner can then take it while its holder still works; the holder is told at its next renewal. ` +
+        `Set maxmemory-policy noeviction on the Redis that holds the locks (a full Redis then refuses writes instead, and acquisitions fail with LockBackendError), or give the locks a Redis of their own.`,
+    );
+  }
+
+  /**
+   * Whether this connection's Redis user may publish on the lock channels. An
    * ACL user may not unless granted them (Redis 7 creates users with no channels). Locks still
    * work then (the scripts publish with pcall), but a release cannot wake the waiters of other
    * processes, which retry only when the lease they were told of runs out: say so, and how to
    * allow them. A check that fails for another reason says nothing (the steps themselves report it).
    */
   private async checkPublish(): Promise<void> {
-    if (this.publishChecked) return;
-    this.publishChecked = true;
     const channel = this.lockName('nestjs-locked:publish-check');
     try {
       await scripts.publishCheck.run(this.client, [channel], [this.publish, channel]);

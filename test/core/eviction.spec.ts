@@ -1,0 +1,82 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { LockBackendError, LockLostError } from '../../lib/index.js';
+import { aborted, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
+
+/** Writes 10 kB strings without expiry until Redis refuses one for memory; returns the error. */
+async function fill(raw: Redis): Promise<unknown> {
+  for (let i = 0; ; i++) {
+    const error = await raw.set(`fill:${i}`, 'x'.repeat(10_000)).then(() => undefined, (e: unknown) => e);
+    if (error) return error;
+  }
+}
+
+const evictionWarning = /may evict lock keys: maxmemory is 3145728 bytes with maxmemory-policy volatile-lru\..*Set maxmemory-policy noeviction/;
+
+describe('a Redis that may evict lock keys (maxmemory with volatile-lru, the default of several managed services)', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let app: LockApp;
+  let other: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start(['--maxmemory', '3mb', '--maxmemory-policy', 'volatile-lru']);
+    raw = redis.client();
+    app = await startLockApp({ redis: redis.url, leaseMs: 1_000 });
+    other = await startLockApp({ redis: redis.url, connectTimeoutMs: 0 });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await other?.close();
+    await redis?.stop();
+  });
+
+  it('warns at bootstrap, naming maxmemory, the policy and what to set', () => {
+    expect(app.logger.at('warn')).toEqual([expect.stringMatching(evictionWarning)]);
+    // connectTimeoutMs: 0 skips the bootstrap check, and its warning with it.
+    expect(other.logger.at('warn')).toEqual([]);
+  });
+
+  it('is right to: under memory pressure Redis deletes a held lock, another owner takes it, and the holder is told at its next renewal', async () => {
+    const held = await app.locks.acquire('evicted');
+    const lost = aborted(held.signal);
+    // Only keys with an expiry can go under volatile-lru, and the fill keys have none: the lock's do.
+    expect(String(await fill(raw))).toMatch(/OOM command not allowed/);
+    expect(await raw.exists('lock:{evicted}')).toBe(0);
+    await raw.flushall();
+    const taken = await other.locks.tryAcquire('evicted');
+    expect(taken).not.toBeNull();
+    const reason = await lost;
+    expect(reason).toBeInstanceOf(LockLostError);
+    expect((reason as LockLostError).reason).toBe('taken');
+    await taken!.release();
+  });
+});
+
+describe('a Redis with maxmemory and noeviction', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start(['--maxmemory', '3mb', '--maxmemory-policy', 'noeviction']);
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('gives no warning; once full it refuses acquisitions with LockBackendError (OOM), and releases still work', async () => {
+    const app = await startLockApp({ redis: redis.url });
+    const raw = redis.client();
+    try {
+      expect(app.logger.at('warn')).toEqual([]);
+      const held = await app.locks.acquire('before');
+      expect(String(await fill(raw))).toMatch(/OOM command not allowed/);
+      const refused = await app.locks.tryAcquire('after').catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(LockBackendError);
+      expect((refused as Error).message).toMatch(/OOM command not allowed/);
+      await held.release();
+      expect(await raw.exists('lock:{before}')).toBe(0);
+    } finally {
+      await raw.flushall();
+      await app.close();
+    }
+  });
+});
