@@ -142,6 +142,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.6', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.6 } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
+  { entry: 'LockModule.forRoot', input: 'redis: a wrong password', outcome: LockBackendError, says: /the connection failed with: WRONGPASS invalid username-password pair/, run: ({ redis }) => boot({ redis: `redis://nobody:wrong-password@127.0.0.1:${redis.port}`, connectTimeoutMs: 1_000 }) },
   // Redis errors
   { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },
   // handles

@@ -146,7 +146,16 @@ export class RedisLockStore implements LockStore {
   }
 
   async ready(timeoutMs: number): Promise<void> {
-    await withTimeout(this.prepare(), timeoutMs, () => new Error(`no answer from ${this.description} within ${timeoutMs} ms`));
+    // ioredis reports why it cannot connect (a refused password, an untrusted certificate) only as
+    // 'error' events, and keeps trying: the bootstrap error passes the last one on.
+    let lastError: string | undefined;
+    const failed = (e: Error) => (lastError = e.message);
+    this.client.on('error', failed);
+    try {
+      await withTimeout(this.prepare(), timeoutMs, () => new Error(`no answer from ${this.description} within ${timeoutMs} ms${lastError === undefined ? '' : `; the connection failed with: ${lastError}`}`));
+    } finally {
+      this.client.off('error', failed);
+    }
   }
 
   /**
