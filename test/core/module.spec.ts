@@ -15,6 +15,7 @@ import {
 import { withTimeout } from '../../lib/internal/time.js';
 import { CapturingLogger, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
 import { freePort, RedisServer, silentPort, until } from '../support/redis-server.js';
+import { Fixture } from '../support/children.js';
 
 describe('LockModule', () => {
   let redis: RedisServer;
@@ -278,6 +279,20 @@ describe('LockModule', () => {
     expect(await redis.client().exists('lock:{shutdown:1}')).toBe(0);
     expect(client.status).toBe('end');
     await expect(locks.acquire('shutdown:2')).rejects.toThrow(/the lock module has shut down/);
+  });
+
+  it('releases held locks when a signal ends an application with enableShutdownHooks(), long before their lease', async () => {
+    const child = new Fixture('shutdown-holder', [redis.url, 'shutdown:signal', '60000']);
+    try {
+      const { owner } = await child.next('holding');
+      expect(await redis.client().hkeys('lock:{shutdown:signal}')).toEqual([owner]);
+      child.kill('SIGTERM');
+      // Nest closes the application, then raises the signal again: the process ends by it.
+      expect(await child.exited).toEqual({ code: null, signal: 'SIGTERM' });
+      expect(await redis.client().exists('lock:{shutdown:signal}')).toBe(0);
+    } finally {
+      await child.stop();
+    }
   });
 
   it('wakes waiting acquisitions at shutdown (one key, several keys): they fail at once and leave the fair queue and the waiting writers first', async () => {
