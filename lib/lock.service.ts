@@ -920,7 +920,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     await this.abandon(key, owner, o);
     throw new LockConfigurationError(
       'LockModule',
-      `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() (or LockTestingModule.forRoot()) is imported more than once in this process, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
+      `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() is imported more than once in this process, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
         `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
     );
   }
