@@ -193,27 +193,31 @@ export class RedisLockStore implements LockStore {
         client.once('end', onEnd);
       });
     }
-    let masters: Redis[];
     if (!this.cluster) {
-      masters = [client as Redis];
-      await Promise.all(Object.values(scripts).map((s) => s.load(client as Redis)));
-    } else {
-      const cluster = client as Cluster;
-      masters = cluster.nodes('master');
-      await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
-      // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
-      const info = String(await masters[0]!.info('server'));
-      const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
-      if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
+      // The checks go out with the loads, on the same connection and in that order: before any
+      // lock step, and the publish check's script is loaded by then.
+      await Promise.all([...Object.values(scripts).map((s) => s.load(client as Redis)), ...this.bootstrapChecks([client as Redis])]);
+      return;
     }
-    if (this.checked) return;
-    // Once, at bootstrap (health() calls ready() again): what the application should be told.
-    this.checked = true;
-    await Promise.all([this.checkPublish(), ...masters.map((node) => this.checkEviction(node))]);
+    const cluster = client as Cluster;
+    const masters = cluster.nodes('master');
+    await Promise.all(masters.flatMap((node) => Object.values(scripts).map((s) => s.load(node))));
+    // Sharded pub/sub (Redis 7): announce each release on its lock's own shard only.
+    const info = String(await masters[0]!.info('server'));
+    const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? 0);
+    if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
+    await Promise.all(this.bootstrapChecks(masters));
   }
 
-  /** Whether the first ready() made the checks that end prepare(). */
+  /** Whether the first ready() made the bootstrap checks (health() calls ready() again). */
   private checked = false;
+
+  /** Once, at the first ready(): what the application should be told (see checkPublish, checkEviction). */
+  private bootstrapChecks(masters: Redis[]): Promise<void>[] {
+    if (this.checked) return [];
+    this.checked = true;
+    return [this.checkPublish(), ...masters.map((node) => this.checkEviction(node))];
+  }
 
   /**
    * Whether Redis may evict lock keys: with a `maxmemory` and any policy but `noeviction`, memory
