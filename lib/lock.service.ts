@@ -143,6 +143,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       await this.store.ready(timeoutMs);
     } catch (error) {
       await this.store.close();
+      // What Redis is, rather than whether it answers (a version too old): said as it is.
+      if (error instanceof LockConfigurationError) throw error;
       throw new LockBackendError(
         'bootstrap',
         undefined,

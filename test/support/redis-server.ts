@@ -243,6 +243,8 @@ export function redisServerAvailable(): boolean {
  */
 export async function tcpProxy(
   targetPort: number,
+  /** Changes what the target sends before it is passed on (a reply Redis cannot be made to give). */
+  rewrite: (data: Buffer) => Buffer = (data) => data,
 ): Promise<{
   port: number;
   readonly bytesFromClients: number;
@@ -288,7 +290,8 @@ export async function tcpProxy(
       }
       if (!holdingBoth) upstream.write(d);
     });
-    upstream.on('data', (d) => {
+    upstream.on('data', (raw: Buffer) => {
+      const d = rewrite(raw);
       if (replies === 'keep') delayed.push({ to: downstream, data: d });
       else if (replies === 'pass') downstream.write(d);
     });

@@ -23,6 +23,7 @@ import {
   RENEW,
 } from './lock.scripts.js';
 import { RedisScript } from './redis-script.js';
+import { LockConfigurationError } from '../../errors/lock-configuration.error.js';
 import { LockReplicationError } from '../../errors/lock-replication.error.js';
 import type { ReplicationOptions } from '../../lock-options.js';
 import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
@@ -209,6 +210,28 @@ export class RedisLockStore implements LockStore {
     await Promise.all(this.bootstrapChecks(masters));
   }
 
+  /**
+   * Refuses a Redis older than the scripts need: fencing tokens use SET ... GET, new in Redis 6.2,
+   * and on an older one every fresh acquisition would fail with a script error. An INFO refused
+   * (an ACL) is let through.
+   */
+  private async checkVersion(node: Redis): Promise<void> {
+    let info: string;
+    try {
+      info = String(await node.info('server'));
+    } catch (error) {
+      this.log.debug(`could not read the version of ${this.description}: ${String(error)}`);
+      return;
+    }
+    const version = /^redis_version:(\d+)\.(\d+)\S*/m.exec(info);
+    if (!version || Number(version[1]) > 6 || (Number(version[1]) === 6 && Number(version[2]) >= 2)) return;
+    const where = this.cluster ? `${this.description} (master ${node.options.host}:${node.options.port})` : this.description;
+    throw new LockConfigurationError(
+      'redis',
+      `${where} runs Redis ${version[0].slice('redis_version:'.length)}; nestjs-locked needs Redis 6.2 or later (its scripts use SET ... GET, new in 6.2). Upgrade Redis, or point the redis option at a newer one.`,
+    );
+  }
+
   /** Whether the first ready() made the bootstrap checks (health() calls ready() again). */
   private checked = false;
 
@@ -216,7 +239,7 @@ export class RedisLockStore implements LockStore {
   private bootstrapChecks(masters: Redis[]): Promise<void>[] {
     if (this.checked) return [];
     this.checked = true;
-    return [this.checkPublish(), ...masters.map((node) => this.checkEviction(node))];
+    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node)])];
   }
 
   /**
