@@ -142,6 +142,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     try {
       await this.store.ready(timeoutMs);
     } catch (error) {
+      LockService.open.delete(this);
       await this.store.close();
       // What Redis is, rather than whether it answers (a version too old): said as it is.
       if (error instanceof LockConfigurationError) throw error;

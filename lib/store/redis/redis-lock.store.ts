@@ -225,11 +225,15 @@ export class RedisLockStore implements LockStore {
     }
     const version = /^redis_version:(\d+)\.(\d+)\S*/m.exec(info);
     if (!version || Number(version[1]) > 6 || (Number(version[1]) === 6 && Number(version[2]) >= 2)) return;
-    const where = this.cluster ? `${this.description} (master ${node.options.host}:${node.options.port})` : this.description;
     throw new LockConfigurationError(
       'redis',
-      `${where} runs Redis ${version[0].slice('redis_version:'.length)}; nestjs-locked needs Redis 6.2 or later (its scripts use SET ... GET, new in 6.2). Upgrade Redis, or point the redis option at a newer one.`,
+      `${this.nodeName(node)} runs Redis ${version[0].slice('redis_version:'.length)}; nestjs-locked needs Redis 6.2 or later (its scripts use SET ... GET, new in 6.2). Upgrade Redis, or point the redis option at a newer one.`,
     );
+  }
+
+  /** How the bootstrap checks name one server: the store, and on a Cluster which master. */
+  private nodeName(node: Redis): string {
+    return this.cluster ? `${this.description} (master ${node.options.host}:${node.options.port})` : this.description;
   }
 
   /** Whether the first ready() made the bootstrap checks (health() calls ready() again). */
@@ -259,9 +263,8 @@ export class RedisLockStore implements LockStore {
     const maxmemory = Number(/^maxmemory:(\d+)/m.exec(info)?.[1] ?? 0);
     const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1];
     if (maxmemory === 0 || !policy || policy === 'noeviction') return;
-    const where = this.cluster ? `${this.description} (master ${node.options.host}:${node.options.port})` : this.description;
     this.log.warn(
-      `${where} may evict lock keys: maxmemory is ${maxmemory} bytes with maxmemory-policy ${policy}. Under memory pressure Redis can delete a held lock (lock keys have an expiry, so volatile-* policies choose them too), and another owner can then take it while its holder still works; the holder is told at its next renewal. ` +
+      `${this.nodeName(node)} may evict lock keys: maxmemory is ${maxmemory} bytes with maxmemory-policy ${policy}. Under memory pressure Redis can delete a held lock (lock keys have an expiry, so volatile-* policies choose them too), and another owner can then take it while its holder still works; the holder is told at its next renewal. ` +
         `Set maxmemory-policy noeviction on the Redis that holds the locks (a full Redis then refuses writes instead, and acquisitions fail with LockBackendError), or give the locks a Redis of their own.`,
     );
   }
