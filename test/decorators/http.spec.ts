@@ -17,7 +17,7 @@ import {
   type INestApplication,
   type PipeTransform,
 } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { interval, map, type Observable } from 'rxjs';
 import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
@@ -390,6 +390,79 @@ describe('LockInterceptor options and loss', () => {
     const res = await fetch(`${url}/jobs/2/long`, { method: 'POST' });
     expect(res.status).toBe(503);
     expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:2' } });
+  });
+});
+
+describe('LockInterceptor registered globally (APP_INTERCEPTOR)', () => {
+  let redis: RedisServer;
+  let app: INestApplication;
+  let url: string;
+  let locks: LockService;
+
+  @Controller('global')
+  class GlobalController {
+    constructor(private readonly locks: LockService) {}
+
+    // With the extra parameter (@Param), and without it (LockInterceptor applied by @Locked too).
+    @Post(':id')
+    @Locked('global:<0>', { onContention: 'fail' })
+    async locked(@Param('id') id: string) {
+      return { id };
+    }
+
+    @Locked('global:bare', { onContention: 'fail' })
+    @Post()
+    async bare() {
+      return { bare: true };
+    }
+
+    /** No @Locked: a lock failure of its own code is its own business, left as it is (a 500). */
+    @Post(':id/by-hand')
+    async byHand(@Param('id') id: string) {
+      return this.locks.run(`global:${id}`, async () => ({ id }), { waitMs: 0 });
+    }
+  }
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    @Module({
+      imports: [LockModule.forRoot({ redis: redis.url })],
+      controllers: [GlobalController],
+      providers: [{ provide: APP_INTERCEPTOR, useClass: LockInterceptor }],
+    })
+    class AppModule {}
+    app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
+    await app.listen(0, '127.0.0.1');
+    url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    locks = app.get(LockService);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('answers contention on @Locked handlers with one 409, however @Locked got its transport side', async () => {
+    for (const [path, key] of [['/global/1', 'global:1'], ['/global', 'global:bare']] as const) {
+      expect((await fetch(`${url}${path}`, { method: 'POST' })).status).toBe(201);
+      const holder = await locks.acquire(key);
+      try {
+        const res = await fetch(`${url}${path}`, { method: 'POST' });
+        expect([path, res.status]).toEqual([path, 409]);
+        expect(await res.json()).toMatchObject({ statusCode: 409, error: 'Conflict', code: 'LOCK_NOT_ACQUIRED', key });
+      } finally {
+        await holder.release();
+      }
+    }
+  });
+
+  it('leaves handlers without @Locked untouched: their own lock failure stays what it was (500)', async () => {
+    expect((await fetch(`${url}/global/2/by-hand`, { method: 'POST' })).status).toBe(201);
+    const holder = await locks.acquire('global:2');
+    try {
+      expect((await fetch(`${url}/global/2/by-hand`, { method: 'POST' })).status).toBe(500);
+    } finally {
+      await holder.release();
+    }
   });
 });
 
