@@ -159,6 +159,24 @@ describe('Redis Cluster', () => {
     }
   });
 
+  it('with an ACL user without the lock channels: warns at bootstrap, and releases free their locks (SPUBLISH refused)', async () => {
+    // ACLs are per node: the user is made on every one.
+    await Promise.all(cluster.servers.map((s) => cluster.node(s).call('ACL', 'SETUSER', 'nochannels', 'on', '>nochannels-password', '~*', '+@all', 'resetchannels')));
+    const other = await startLockApp({ redis: { cluster: cluster.nodes, options: { redisOptions: { username: 'nochannels', password: 'nochannels-password' } } } });
+    try {
+      expect(other.logger.at('warn')).toEqual([expect.stringMatching(/^redis cluster .* refused a publish on a lock channel \(.*\)\. Locks still work.*&lock:\*/)]);
+      const failed: unknown[] = [];
+      const watching = other.locks.events$.subscribe((e) => void (e.type === 'release-failed' && failed.push(e.error)));
+      expect(await other.locks.run('acl-cluster', async () => 'ran')).toBe('ran');
+      watching.unsubscribe();
+      expect(failed).toEqual([]);
+      expect(await app.locks.isLocked('acl-cluster')).toBe(false);
+    } finally {
+      await other.close();
+      await Promise.all(cluster.servers.map((s) => cluster.node(s).call('ACL', 'DELUSER', 'nochannels')));
+    }
+  });
+
   it('connects a Cluster client created with lazyConnect at the bootstrap check', async () => {
     const client = cluster.client({ lazyConnect: true });
     expect(client.status).toBe('wait');
