@@ -14,7 +14,7 @@ import {
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
 import { CapturingLogger, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
-import { freePort, RedisServer, silentPort, tcpProxy, until } from '../support/redis-server.js';
+import { freePort, olderRedisProxy, RedisServer, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
 describe('LockModule', () => {
@@ -396,22 +396,11 @@ describe('LockModule', () => {
 });
 
 describe('LockModule on a Redis older than 6.2', () => {
-  // Only Redis 7 is installed here: a proxy in front of it rewrites the version INFO reports to
-  // 6.0.x (the same length, so the reply stays well formed). INFO's reply comes in one piece on
-  // loopback.
   let redis: RedisServer;
-  let proxy: Awaited<ReturnType<typeof tcpProxy>>;
-  let old: string;
+  let proxy: Awaited<ReturnType<typeof olderRedisProxy>>;
   beforeAll(async () => {
     redis = await RedisServer.start();
-    const actual = /redis_version:(\S+)/.exec(String(await redis.client().info('server')))![1]!;
-    old = '6.0.16'.padEnd(actual.length, '0').slice(0, actual.length);
-    const from = Buffer.from(`redis_version:${actual}\r\n`);
-    const to = Buffer.from(`redis_version:${old}\r\n`);
-    proxy = await tcpProxy(redis.port, (data) => {
-      const at = data.indexOf(from);
-      return at < 0 ? data : Buffer.concat([data.subarray(0, at), to, data.subarray(at + from.length)]);
-    });
+    proxy = await olderRedisProxy(redis);
   });
   afterAll(async () => {
     await proxy?.close();
@@ -421,6 +410,6 @@ describe('LockModule on a Redis older than 6.2', () => {
   it('fails bootstrap with a LockConfigurationError that names the version and the one needed', async () => {
     const failure = await startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }).catch((e: unknown) => e);
     expect(failure).toBeInstanceOf(LockConfigurationError);
-    expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${old.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
+    expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${proxy.version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
   });
 });

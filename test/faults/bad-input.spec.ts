@@ -19,7 +19,7 @@ import {
   type LockModuleOptions,
 } from '../../lib/index.js';
 import { CapturingLogger, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
-import { RedisServer, silentPort } from '../support/redis-server.js';
+import { olderRedisProxy, RedisServer, silentPort } from '../support/redis-server.js';
 
 /**
  * Every public entry point fed bad input. Each case must end in a typed error with a message that
@@ -142,6 +142,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.6', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.6 } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
+  { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async ({ redis }) => { const old = await olderRedisProxy(redis); try { return await boot({ redis: `redis://127.0.0.1:${old.port}` }); } finally { await old.close(); } } },
   { entry: 'LockModule.forRoot', input: 'redis: a wrong password', outcome: LockBackendError, says: /the connection failed with: WRONGPASS invalid username-password pair/, run: ({ redis }) => boot({ redis: `redis://nobody:wrong-password@127.0.0.1:${redis.port}`, connectTimeoutMs: 1_000 }) },
   // Redis errors
   { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },

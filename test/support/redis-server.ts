@@ -327,6 +327,23 @@ export async function tcpProxy(
   };
 }
 
+/**
+ * A proxy to `server` whose INFO reports Redis 6.0.x instead of the real version (only Redis 7 is
+ * installed here): the version string is rewritten at the same length, so the reply stays well
+ * formed. INFO's reply comes in one piece on loopback.
+ */
+export async function olderRedisProxy(server: RedisServer): Promise<{ port: number; version: string; close(): Promise<void> }> {
+  const actual = /redis_version:(\S+)/.exec(String(await server.client().info('server')))![1]!;
+  const version = '6.0.16'.padEnd(actual.length, '0').slice(0, actual.length);
+  const from = Buffer.from(`redis_version:${actual}\r\n`);
+  const to = Buffer.from(`redis_version:${version}\r\n`);
+  const proxy = await tcpProxy(server.port, (data) => {
+    const at = data.indexOf(from);
+    return at < 0 ? data : Buffer.concat([data.subarray(0, at), to, data.subarray(at + from.length)]);
+  });
+  return { port: proxy.port, version, close: () => proxy.close() };
+}
+
 /** Listens on a free loopback port; resolves to that port. */
 async function listenOnLoopback(server: Server): Promise<number> {
   await new Promise<void>((resolve, reject) => {
