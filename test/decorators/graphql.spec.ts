@@ -1,9 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { ApolloDriver, type ApolloDriverConfig } from '@nestjs/apollo';
-import { Module, type INestApplication } from '@nestjs/common';
+import { Module, type ExecutionContext, type INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Args, Field, GraphQLModule, Int, Mutation, ObjectType, Query, Resolver } from '@nestjs/graphql';
-import { Locked, LockModule, LockService } from '../../lib/index.js';
+import { Locked, LockGraphQLError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { translateLockError } from '../../lib/lock.interceptor.js';
 import { CapturingLogger, gate, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
@@ -157,6 +158,14 @@ describe('@Locked on GraphQL resolvers (@nestjs/graphql, Apollo on Express)', ()
     expect(['a', 'b']).toContain(failed[0].path[0]);
     const won = failed[0].path[0] === 'a' ? 'b' : 'a';
     expect(body.data).toEqual({ [won]: 1, [failed[0].path[0]]: null, c: 2 });
+  });
+
+  it('gives the LockGraphQLError the lock error as its cause, for the application\'s own filters', async () => {
+    const error = new LockNotAcquiredError('order:9', 1_000, 0, 'contended');
+    const translated = await translateLockError(error, { getType: () => 'graphql' } as unknown as ExecutionContext, locks);
+    expect(translated).toBeInstanceOf(LockGraphQLError);
+    expect((translated as LockGraphQLError).cause).toBe(error);
+    expect((translated as LockGraphQLError).extensions).toEqual({ code: 'LOCK_NOT_ACQUIRED', key: 'order:9', retryAfterMs: 1_000 });
   });
 
   it('answers LOCK_LOST when the handler stopped because its lock was lost', async () => {
