@@ -257,6 +257,17 @@ describe('LockModule.forRoot() imported twice in one application', () => {
     expect(await innerLocks.isLocked('account:4')).toBe(false);
   });
 
+  it('does the same for a fair and a write acquisition, and leaves nothing queued behind', async () => {
+    await outerLocks.run('account:8', async () => {
+      await expect(innerLocks.run('account:8', async () => 'inner ran', { fair: true })).rejects.toBeInstanceOf(LockConfigurationError);
+    });
+    await outerLocks.run('account:9', async () => {
+      await expect(innerLocks.run('account:9', async () => 'inner ran', { mode: 'write' })).rejects.toBeInstanceOf(LockConfigurationError);
+    }, { mode: 'read' });
+    const raw = redis.client();
+    expect(await raw.exists('lock:{account:8}', 'lock:{account:8}:queue', 'lock:{account:9}', 'lock:{account:9}:writers')).toBe(0);
+  });
+
   it('lets nested calls on the two services take different keys', async () => {
     expect(await app.get(Transfers).transferOther(5)).toBe('debited 5');
   });
