@@ -14,11 +14,13 @@ import {
   ParseIntPipe,
   Post,
   Sse,
+  StreamableFile,
   type INestApplication,
   type PipeTransform,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { PassThrough } from 'node:stream';
 import { interval, map, type Observable } from 'rxjs';
 import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
 import { CapturingLogger, gate, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
@@ -38,6 +40,8 @@ class ToTransfer implements PipeTransform {
 }
 
 const holding = new Map<string, { entered: () => void; release: Promise<void> }>();
+/** The bodies of `download`, which the test ends. */
+const downloads = new Map<string, PassThrough>();
 
 @Injectable()
 class Inventory {
@@ -111,6 +115,16 @@ class ItemsController {
   @Locked('items:all')
   async listBelow() {
     return { key: this.locks.current()?.key };
+  }
+
+  /** A download: the method returns the stream, which the client reads after the method returned. */
+  @Get(':id/download')
+  @Locked('download:<0>')
+  async download(@Param('id') id: string): Promise<StreamableFile> {
+    const body = new PassThrough();
+    body.write('first chunk\n');
+    downloads.set(id, body);
+    return new StreamableFile(body);
   }
 
   @Sse(':id/stream')
@@ -233,6 +247,21 @@ for (const platform of ['express', 'fastify'] as const) {
       expect(res.status).toBe(404);
       expect(((await res.json()) as { message: string }).message).toBe('item 3 does not exist');
       expect(await locks.isLocked('item:3')).toBe(false);
+    });
+
+    it('holds the lock of a method returning a StreamableFile until it returns: the client reads the stream after the release', async () => {
+      const key = `download:d-${platform}`;
+      const res = await fetch(`${url}/items/d-${platform}/download`);
+      expect(res.status).toBe(200);
+      const reader = res.body!.getReader();
+      const decoder = new TextDecoder();
+      let received = decoder.decode((await reader.read()).value, { stream: true });
+      expect(received).toBe('first chunk\n');
+      // The body is still open, and the lock is already free.
+      expect(await locks.isLocked(key)).toBe(false);
+      downloads.get(`d-${platform}`)!.end('last chunk\n');
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) received += decoder.decode(chunk.value, { stream: true });
+      expect(received).toBe('first chunk\nlast chunk\n');
     });
 
     it('holds the lock while a stream is open and releases it when the client goes away', async () => {
