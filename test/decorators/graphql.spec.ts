@@ -5,7 +5,7 @@ import { NestFactory } from '@nestjs/core';
 import { Args, Field, GraphQLModule, Int, Mutation, ObjectType, Query, Resolver } from '@nestjs/graphql';
 import { Locked, LockGraphQLError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { translateLockError } from '../../lib/lock.interceptor.js';
-import { CapturingLogger, gate, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 const ran: string[] = [];
@@ -89,8 +89,7 @@ describe('@Locked on GraphQL resolvers (@nestjs/graphql, Apollo on Express)', ()
     class AppModule {}
     logger = new CapturingLogger();
     app = await NestFactory.create(AppModule, { logger });
-    await app.listen(0, '127.0.0.1');
-    url = `${(await app.getUrl()).replace('[::1]', '127.0.0.1')}/graphql`;
+    url = `${await listening(app)}/graphql`;
     locks = app.get(LockService);
   });
   afterAll(async () => {

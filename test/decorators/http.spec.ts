@@ -23,7 +23,7 @@ import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { PassThrough } from 'node:stream';
 import { interval, map, type Observable } from 'rxjs';
 import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
+import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 class TransferDto {
@@ -157,8 +157,7 @@ for (const platform of ['express', 'fastify'] as const) {
         platform === 'express'
           ? await NestFactory.create(AppModule, { logger })
           : await NestFactory.create(AppModule, new FastifyAdapter(), { logger });
-      await app.listen(0, '127.0.0.1');
-      url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+      url = await listening(app);
       locks = app.get(LockService);
     });
     afterAll(async () => {
@@ -397,8 +396,7 @@ describe('LockInterceptor options and loss', () => {
     class AppModule {}
     app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
     app.useGlobalFilters(new ReshapingFilter());
-    await app.listen(0, '127.0.0.1');
-    url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    url = await listening(app);
     locks = app.get(LockService);
   });
   afterAll(async () => {
@@ -461,8 +459,7 @@ describe('LockInterceptor registered globally (APP_INTERCEPTOR)', () => {
     })
     class AppModule {}
     app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
-    await app.listen(0, '127.0.0.1');
-    url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    url = await listening(app);
     locks = app.get(LockService);
   });
   afterAll(async () => {
@@ -515,8 +512,7 @@ describe('503 LOCK_UNAVAILABLE from replica confirmation and the Redlock quorum'
     class AppModule {}
     const app = await NestFactory.create(AppModule, { logger });
     apps.push(app);
-    await app.listen(0, '127.0.0.1');
-    return (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    return listening(app);
   }
 
   it('answers 503 when no replica confirms the grant (LockReplicationError), and logs why', async () => {

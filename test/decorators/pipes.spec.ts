@@ -14,7 +14,7 @@ import {
 import { NestFactory } from '@nestjs/core';
 import { IsInt, IsString, Min } from 'class-validator';
 import { Locked, LockConfigurationError, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger } from '../support/lock-testing.js';
+import { CapturingLogger, listening } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 // @Locked declares one custom parameter after a handler's own (README, "How it is built"), and
@@ -76,8 +76,7 @@ describe('@Locked under global pipes', () => {
     const app = await NestFactory.create(AppModule, { logger });
     apps.push(app);
     configure(app);
-    await app.listen(0, '127.0.0.1');
-    return { app, url: (await app.getUrl()).replace('[::1]', '127.0.0.1') };
+    return { app, url: await listening(app) };
   }
 
   const post = (url: string, body: unknown) =>

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Get, Inject, Injectable, Module, Param, Scope, type INestApplication } from '@nestjs/common';
 import { NestFactory, REQUEST } from '@nestjs/core';
 import { Locked, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate } from '../support/lock-testing.js';
+import { CapturingLogger, gate, listening } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 // Nest makes a controller request-scoped as soon as it depends on a request-scoped provider (the
@@ -59,8 +59,7 @@ describe('@Locked on request-scoped and transient instances', () => {
     @Module({ imports: [LockModule.forRoot({ redis: redis.url, waitMs: 200 })], controllers: [AccountsController], providers: [RequestInfo, Ledger] })
     class AppModule {}
     app = await NestFactory.create(AppModule, { logger: new CapturingLogger() });
-    await app.listen(0, '127.0.0.1');
-    url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    url = await listening(app);
   });
   afterAll(async () => {
     await app?.close();

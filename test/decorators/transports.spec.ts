@@ -6,7 +6,7 @@ import { MessageBody, SubscribeMessage, WebSocketGateway } from '@nestjs/websock
 import { firstValueFrom } from 'rxjs';
 import { io, type Socket } from 'socket.io-client';
 import { Locked, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
 
 const handled: string[] = [];
@@ -150,9 +150,8 @@ describe('@Locked on WebSocket gateway handlers (socket.io)', () => {
     class ChatModule {}
     logger = new CapturingLogger();
     app = await NestFactory.create(ChatModule, { logger });
-    await app.listen(0, '127.0.0.1');
+    const url = await listening(app);
     locks = app.get(LockService);
-    const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
     socket = io(url, { transports: ['websocket'], reconnection: false });
     await new Promise<void>((resolve, reject) => {
       socket.once('connect', () => resolve());

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { LockService } from '../../lib/index.js';
-import { CapturingLogger, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, listening, nextEvent } from '../support/lock-testing.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
 
 // The demo's job fires every 5 s; every second here, set before the sample is loaded.
@@ -26,9 +26,8 @@ describe('sample app: two instances, one Redis', () => {
     redis = await RedisServer.start();
     for (const instance of ['A', 'B']) {
       const app = await NestFactory.create(AppModule.register({ redisUrl: redis.url, instance }), { logger: new CapturingLogger() });
-      await app.listen(0, '127.0.0.1');
       instances.push(app);
-      urls.push((await app.getUrl()).replace('[::1]', '127.0.0.1'));
+      urls.push(await listening(app));
     }
   });
   afterAll(async () => {
@@ -93,8 +92,7 @@ describe('sample app: two instances, one Redis', () => {
 describe('sample app without any Redis (in-process store)', () => {
   it('serves the same API from one instance, locks in this process only', async () => {
     const app = await NestFactory.create(AppModule.register({ instance: 'solo' }), { logger: new CapturingLogger() });
-    await app.listen(0, '127.0.0.1');
-    const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+    const url = await listening(app);
     try {
       const post = (path: string, amount: number) =>
         fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ amount }) }).then((r) => r.json());

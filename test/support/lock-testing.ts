@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect } from '@jest/globals';
-import type { LoggerService } from '@nestjs/common';
+import type { INestApplication, LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
@@ -29,6 +29,12 @@ export class CapturingLogger implements LoggerService {
   at(level: string): string[] {
     return this.entries.filter((e) => e.level === level).map((e) => e.message);
   }
+}
+
+/** Starts `app` on a free loopback port; resolves to its base URL (127.0.0.1, never [::1]). */
+export async function listening(app: INestApplication): Promise<string> {
+  await app.listen(0, '127.0.0.1');
+  return (await app.getUrl()).replace('[::1]', '127.0.0.1');
 }
 
 /** Whether LockService logged, at error level, that `key` could not be had because Redis did not answer. */
