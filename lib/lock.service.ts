@@ -910,14 +910,9 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    */
   private async refuseOwnLock(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
     let outer: LockHandle | undefined;
-    for (const other of LockService.open) {
-      if (other === this) continue;
-      for (let c = other.contexts.getStore(); c && !outer; c = c.parent) {
-        outer = (c.group?.handles ?? (c.handle ? [c.handle] : [])).find((h) => h.key === key && !h.released && !h.lock.lost);
-      }
-      if (outer) break;
-    }
+    for (const other of LockService.open) if (other !== this && (outer = other.current(key))) break;
     if (!outer) return;
+    // A lost lock's owner holds nothing in Redis: the check below lets the wait go on.
     const state = await this.step(this.store.inspect(key, outer.owner, outer.lock.mode)).catch(() => undefined);
     if (!state || state.holdCount === 0) return;
     await this.abandon(key, owner, o);

@@ -216,19 +216,23 @@ export class RedisLockStore implements LockStore {
    * (an ACL) is let through.
    */
   private async checkVersion(node: Redis): Promise<void> {
-    let info: string;
-    try {
-      info = String(await node.info('server'));
-    } catch (error) {
-      this.log.debug(`could not read the version of ${this.description}: ${String(error)}`);
-      return;
-    }
-    const version = /^redis_version:(\d+)\.(\d+)\S*/m.exec(info);
+    const info = await this.info(node, 'server');
+    const version = info === undefined ? null : /^redis_version:(\d+)\.(\d+)\S*/m.exec(info);
     if (!version || Number(version[1]) > 6 || (Number(version[1]) === 6 && Number(version[2]) >= 2)) return;
     throw new LockConfigurationError(
       'redis',
       `${this.nodeName(node)} runs Redis ${version[0].slice('redis_version:'.length)}; nestjs-locked needs Redis 6.2 or later (its scripts use SET ... GET, new in 6.2). Upgrade Redis, or point the redis option at a newer one.`,
     );
+  }
+
+  /** INFO `section` of `node` for the bootstrap checks, or undefined (logged at debug) when Redis refuses it (an ACL). */
+  private async info(node: Redis, section: string): Promise<string | undefined> {
+    try {
+      return String(await node.info(section));
+    } catch (error) {
+      this.log.debug(`could not read INFO ${section} of ${this.nodeName(node)}: ${String(error)}`);
+      return undefined;
+    }
   }
 
   /** How the bootstrap checks name one server: the store, and on a Cluster which master. */
@@ -253,13 +257,8 @@ export class RedisLockStore implements LockStore {
    * default to `volatile-lru`. Warns; INFO refused (an ACL) says nothing.
    */
   private async checkEviction(node: Redis): Promise<void> {
-    let info: string;
-    try {
-      info = String(await node.info('memory'));
-    } catch (error) {
-      this.log.debug(`could not read the eviction policy of ${this.description}: ${String(error)}`);
-      return;
-    }
+    const info = await this.info(node, 'memory');
+    if (info === undefined) return;
     const maxmemory = Number(/^maxmemory:(\d+)/m.exec(info)?.[1] ?? 0);
     const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1];
     if (maxmemory === 0 || !policy || policy === 'noeviction') return;
