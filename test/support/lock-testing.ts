@@ -193,12 +193,12 @@ export async function stallAfterSending(ms: number): Promise<void> {
 /**
  * `holder` (held with a 120 s lease) is freed by `free`, while `waiter` waits for `key` with a 120 s
  * wait, asleep: only the message that goes with the release (or force-unlock) can wake it within
- * nextEvent's 10 s. Resolves once the waiter got the lock, and released it.
+ * `ms` (nextEvent's 10 s by default). Resolves once the waiter got the lock, and released it.
  */
-export async function wokenBy(free: () => Promise<unknown>, waiter: LockApp, key: string): Promise<void> {
+export async function wokenBy(free: () => Promise<unknown>, waiter: LockApp, key: string, ms = 10_000): Promise<void> {
   const waiting = waiter.locks.acquire(key, { waitMs: 120_000 });
   await until(async () => asleep(waiter, key) === 1, 10_000, 'the waiter asleep');
-  const acquired = nextEvent(waiter.locks.events$, 'acquired', (e) => e.key === key);
+  const acquired = nextEvent(waiter.locks.events$, 'acquired', (e) => e.key === key, ms);
   await free();
   await acquired;
   const lock = await waiting;
