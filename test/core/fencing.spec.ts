@@ -130,6 +130,29 @@ describe('fencing tokens', () => {
   });
 });
 
+describe('fencing tokens across a Redis restart without persistence', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  usePrivateLockApp({}, (started) => ({ redis, app } = started));
+
+  it('keep increasing after redis-server was killed and started again empty, for single, read and multi-key grants', async () => {
+    const before = [
+      await app.locks.run('fence:restart', async (l) => l.fencingToken),
+      await app.locks.run('fence:restart:read', async (l) => l.fencingToken, { mode: 'read' }),
+      ...(await app.locks.run(['fence:restart:a', 'fence:restart:b'], async (g) => Object.values(g.fencingTokens))),
+    ];
+    await redis.kill(); // SIGKILL: nothing saved, so every counter is gone
+    await redis.launch();
+    expect(await redis.client().dbsize()).toBe(0);
+    const after = [
+      await app.locks.run('fence:restart', async (l) => l.fencingToken),
+      await app.locks.run('fence:restart:read', async (l) => l.fencingToken, { mode: 'read' }),
+      ...(await app.locks.run(['fence:restart:a', 'fence:restart:b'], async (g) => Object.values(g.fencingTokens))),
+    ];
+    for (const [i, token] of after.entries()) expect(token).toBeGreaterThan(before[i]!);
+  });
+});
+
 describe('fencing counters with fencingCounterTtlMs', () => {
   const COUNTER_TTL = 2_000;
   let raw: Redis;
