@@ -16,14 +16,17 @@ export interface LockedSpec {
   readonly options: LockedOptions;
   /** The method declares that it returns an Observable: the lock is taken when it is subscribed. */
   readonly observable: boolean;
+  /** The method is an async generator (`async *method()`): the lock is taken when iteration starts. */
+  readonly asyncGenerator: boolean;
 }
 
 /**
  * The one lock pipeline of decorated methods, used on every call path (controllers, microservice
  * and WebSocket handlers, scheduled jobs, direct calls): build the key from the real arguments,
  * apply the contention policy, run the method inside the lock's context (so nested locked calls
- * re-enter), hold the lock for the whole call (until a Promise settles, or an Observable completes,
- * errors or is unsubscribed), and give it back (after `minHoldMs` at the earliest).
+ * re-enter), hold the lock for the whole call (until a Promise settles, an Observable completes,
+ * errors or is unsubscribed, or an async generator finishes or is closed), and give it back (after
+ * `minHoldMs` at the earliest).
  *
  * `LockInterceptor` adds the transport side for controller handlers (HTTP status, Retry-After,
  * RPC and WebSocket errors); it never takes or releases locks itself.
@@ -36,6 +39,7 @@ export function invokeLocked(
   method: (...args: unknown[]) => unknown,
 ): unknown {
   if (spec.observable) return lockedObservable(locks, spec, () => method.apply(self, args), args);
+  if (spec.asyncGenerator) return lockedAsyncGenerator(locks, spec, () => method.apply(self, args) as AsyncGenerator<unknown, unknown, unknown>, args);
   return lockedPromise(locks, spec, () => method.apply(self, args), args);
 }
 
@@ -96,6 +100,35 @@ function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unkn
     );
     return finish;
   });
+}
+
+/**
+ * Takes the lock when iteration starts (the first `next()`), and runs every step of the method's
+ * generator inside the lock's context; releases it when the generator returns or throws, or when the
+ * caller closes it (`break` out of `for await` calls `return()`, which runs the method's `finally`
+ * blocks first, still under the lock).
+ */
+async function* lockedAsyncGenerator(
+  locks: LockService,
+  spec: LockedSpec,
+  call: () => AsyncGenerator<unknown, unknown, unknown>,
+  args: unknown[],
+): AsyncGenerator<unknown, unknown, unknown> {
+  const handle = await enter(locks, spec, args);
+  if (!handle) return undefined; // skipped: nothing to yield
+  try {
+    const inner = handle.run(call);
+    const underLock: AsyncIterable<unknown, unknown, unknown> = {
+      [Symbol.asyncIterator]: () => ({
+        next: (...value: [] | [unknown]) => handle.run(() => inner.next(...value)),
+        return: (value: unknown) => handle.run(() => inner.return(value)),
+        throw: (error: unknown) => handle.run(() => inner.throw(error)),
+      }),
+    };
+    return yield* underLock;
+  } finally {
+    await leave(locks, spec, handle);
+  }
 }
 
 function holdWhileSubscribed(source: Observable<unknown>, release: () => Promise<void>): Observable<unknown> {

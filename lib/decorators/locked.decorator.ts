@@ -10,6 +10,10 @@ import { declareCallSite, LockCallSite } from './lock-call-site.js';
 import { LockKeyTemplate } from './lock-key.template.js';
 import { invokeLocked, type LockedSpec } from './lock-pipeline.js';
 
+/** The prototypes of generator and async generator functions (`function*`, `async function*`). */
+const GENERATOR_FUNCTION: unknown = Object.getPrototypeOf(function* () {});
+const ASYNC_GENERATOR_FUNCTION: unknown = Object.getPrototypeOf(async function* () {});
+
 /** Where `@Locked` puts the injected LockService on instances. */
 const LOCK_SERVICE = Symbol('nestjs-locked:lock-service');
 /** Classes whose LockService property is already declared for injection. */
@@ -27,6 +31,10 @@ export type LockedKey = string | readonly string[] | ((...args: any[]) => string
  * WebSocket handlers), `@Cron`/`@Interval`/`@Timeout` jobs and plain provider methods, above or
  * below their other decorators. The class must be a Nest provider or controller in a module that
  * can inject `LockService`.
+ *
+ * The lock is held until the method's Promise settles; for a method that declares an Observable
+ * return type, from subscription until it ends; for an async generator (`async *rows()`), from the
+ * first `next()` until it returns, throws or is closed. Generator methods (`*rows()`) are refused.
  *
  * Templates: `<n>` is the n-th argument, `<n.a.b>` a property path of it; text outside is literal.
  * Values are percent-encoded for `%`, `:`, `{`, `}` (see the README).
@@ -53,7 +61,13 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
     if (isStatic) {
       throw new LockConfigurationError('@Locked', `${where}: @Locked needs an instance method of a Nest provider or controller, not a static method.`);
     }
-    const spec = buildSpec(key, options, where, target, propertyKey);
+    if (Object.getPrototypeOf(method) === GENERATOR_FUNCTION) {
+      throw new LockConfigurationError(
+        '@Locked',
+        `${where}: a generator method runs its body only as it is iterated, after the call has returned, and taking a lock is asynchronous, so @Locked cannot hold a lock around it. Make it an async generator (async *${String(propertyKey)}()), which @Locked locks from the first next() until it finishes or is closed.`,
+      );
+    }
+    const spec = buildSpec(key, options, where, target, propertyKey, Object.getPrototypeOf(method) === ASYNC_GENERATOR_FUNCTION);
     // Where Nest passes the call site of a handler call (see lock-call-site.ts); undefined: the
     // interceptor translates lock failures instead.
     const siteIndex = declareCallSite(target, propertyKey, method as (...a: unknown[]) => unknown);
@@ -67,9 +81,7 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         // Nest filled the call-site parameter in and a pipe replaced it (with anything, undefined
         // included: a call of the method's own passes fewer arguments): a lock that could not be
         // had would then reach the client as a 500 instead of a 409, so the call fails here, loudly.
-        const error = changedCallSite(where, siteIndex, args[siteIndex]);
-        if (spec.observable) return new Observable((s) => s.error(error));
-        return Promise.reject(error);
+        return failed(spec, changedCallSite(where, siteIndex, args[siteIndex]));
       }
       const locks = this?.[LOCK_SERVICE];
       if (!locks) {
@@ -77,8 +89,7 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
           '@Locked',
           `${where}: no LockService on this instance. The class must be created by Nest (a provider or controller) in a module that imports LockModule, or LockModule must be global.`,
         );
-        if (spec.observable) return new Observable((s) => s.error(error));
-        return Promise.reject(error);
+        return failed(spec, error);
       }
       const result = invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
       return site ? withLockErrorsTranslated(result, site.context, locks) : result;
@@ -101,6 +112,17 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
   };
 }
 
+/** A call that fails before any lock is taken, in the shape the method returns. */
+function failed(spec: LockedSpec, error: Error): unknown {
+  if (spec.observable) return new Observable((s) => s.error(error));
+  if (spec.asyncGenerator) {
+    return (async function* () {
+      throw error;
+    })();
+  }
+  return Promise.reject(error);
+}
+
 function changedCallSite(where: string, index: number, value: unknown): LockConfigurationError {
   const got = value === null ? 'null' : typeof value === 'object' ? `an object (${(value as object).constructor?.name ?? 'no prototype'})` : typeof value;
   return new LockConfigurationError(
@@ -116,6 +138,7 @@ function buildSpec(
   where: string,
   target: object,
   propertyKey: string | symbol,
+  asyncGenerator: boolean,
 ): LockedSpec {
   const validated = validateLockedOptions(options, where);
   const returnType: unknown = Reflect.getMetadata('design:returntype', target, propertyKey);
@@ -127,6 +150,7 @@ function buildSpec(
       source: keyFunction.name ? `${keyFunction.name}()` : 'a key function',
       options: validated,
       observable,
+      asyncGenerator,
       keyOf: (args) => {
         const value = keyFunction(...args);
         if (Array.isArray(value)) return canonicalKeys(value, `${where} (key function)`);
@@ -145,9 +169,10 @@ function buildSpec(
       source: key.join(', '),
       options: validated,
       observable,
+      asyncGenerator,
       keyOf: (args) => canonicalKeys(templates.map((t) => t.resolve(args)), where),
     };
   }
   const template = LockKeyTemplate.parse(key as string, where, declared);
-  return { where, source: template.source, options: validated, observable, keyOf: (args) => template.resolve(args) };
+  return { where, source: template.source, options: validated, observable, asyncGenerator, keyOf: (args) => template.resolve(args) };
 }

@@ -120,6 +120,7 @@ const cases: Case[] = [
   { entry: '@Locked(template)', input: 'unclosed "<"', outcome: LockConfigurationError, says: /unclosed "<"/, run: async () => { class C { @Locked('a:<0') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template)', input: 'placeholder beyond the parameters', outcome: LockConfigurationError, says: /declares 1 parameter/, run: async () => { class C { @Locked('a:<3>') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template, options)', input: 'unknown onContention', outcome: LockConfigurationError, says: /'wait', 'fail' or 'skip'/, run: async () => { class C { @Locked('a', { onContention: 'retry' as never }) async m() {} } return C; } },
+  { entry: '@Locked(template)', input: 'on a generator method (function*)', outcome: LockConfigurationError, says: /Make it an async generator/, run: async () => { class C { @Locked('a') *m() { yield 1; } } return C; } },
   { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds', outcome: LockConfigurationError, says: /a pipe changed it. A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged/, run: ({ redis }) => replacedCallSite(redis) },
   // module options and clients
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
