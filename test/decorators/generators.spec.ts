@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
+import { filter } from 'rxjs';
 import { Locked, LockConfigurationError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { elsewhere, gate, nextEvent } from '../support/lock-testing.js';
+import { elsewhere, gate, nextEvent, nextEvents } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 /** What the generators saw of their lock at each step, for the tests to check. */
@@ -53,6 +54,12 @@ class Exports {
 
   @Locked('export:<0>', { onContention: 'skip' })
   async *orSkip(name: string) {
+    yield name;
+  }
+
+  @Locked('export:<0>', { leaseMs: 300, watchdog: true })
+  async *shortLease(name: string) {
+    yield name;
     yield name;
   }
 
@@ -133,6 +140,17 @@ describe('@Locked on an async generator method', () => {
     expect(values).toHaveLength(2);
     expect(await inFinally.promise).toEqual({ locked: true, key: 'export:D' });
     expect(await locks.isLocked('export:D')).toBe(false);
+  });
+
+  it('keeps the lock of a generator the caller stopped iterating without closing it, renewed by the watchdog', async () => {
+    const names = exports.shortLease('R');
+    await names.next();
+    // Three renewals of its 300 ms lease while nobody iterates: the lock outlives its lease.
+    const renewals = await nextEvents(locks.events$.pipe(filter((e) => e.key === 'export:R')), 'renewed', 3);
+    expect(renewals).toHaveLength(3);
+    expect(await locks.isLocked('export:R')).toBe(true);
+    expect(await names.return(undefined)).toEqual({ done: true, value: undefined });
+    expect(await locks.isLocked('export:R')).toBe(false);
   });
 
   it('re-enters when the generator calls another @Locked method with the same key', async () => {
