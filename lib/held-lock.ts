@@ -1,4 +1,4 @@
-import { now } from './internal/time.js';
+import { now, type Clock } from './internal/time.js';
 import type { LockMode } from './store/lock-store.js';
 
 /**
@@ -14,7 +14,7 @@ export class HeldLock {
   deadline = 0;
   /** Monotonic time at which the watchdog should renew it. */
   renewAt = Infinity;
-  readonly acquiredAt = now();
+  readonly acquiredAt: number;
   /** Created on first use: most locks are released without anyone reading their signal. */
   private controller: AbortController | undefined;
   /** Set once the lock is known to be lost (see `lost`), with the reason its signal aborts with. */
@@ -34,7 +34,10 @@ export class HeldLock {
     private readonly drift: (leaseMs: number) => number = () => 0,
     /** Taken in fair mode. */
     readonly fair = false,
+    /** The clock of its deadlines (LockStore.clock). */
+    private readonly clock: Clock = now,
   ) {
+    this.acquiredAt = clock();
     this.setLease(leaseStart, leaseMs);
   }
 
@@ -78,7 +81,7 @@ export class HeldLock {
   }
 
   get heldMs(): number {
-    return now() - this.acquiredAt;
+    return this.clock() - this.acquiredAt;
   }
 }
 

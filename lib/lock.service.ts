@@ -11,7 +11,7 @@ import { LockLostError, type LockLossReason } from './errors/lock-lost.error.js'
 import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
 import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
-import { now, withTimeout } from './internal/time.js';
+import { now, withTimeout, type Clock } from './internal/time.js';
 import { OutageLog } from './internal/outage-log.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
 import type { LockContext } from './lock-context.js';
@@ -73,6 +73,8 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger('LockService');
   private readonly options: ResolvedModuleOptions;
   private readonly store: LockStore;
+  /** The clock of every local deadline of this service's locks (see LockStore.clock). */
+  private readonly clock: Clock;
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
   /**
@@ -114,6 +116,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   constructor(@Inject(LOCK_MODULE_OPTIONS) options: LockModuleOptions) {
     this.options = resolveModuleOptions(options);
     this.store = this.createStore();
+    this.clock = this.store.clock ?? now;
     LockService.open.add(this);
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
@@ -128,7 +131,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         if (!this.events.observed) return;
         for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
       },
-    });
+    }, this.clock);
   }
 
   /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */
@@ -382,7 +385,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     const acquireMany = (this.store.groupsAtomically?.(keys) ?? true) ? this.store.acquireMany?.bind(this.store) : undefined;
     if (!acquireMany) return this.takeOneByOne(keys, o, context);
     o.signal?.throwIfAborted();
-    const started = now();
+    const started = this.clock();
     const deadline = started + o.waitMs;
     let watch: { key: string; on: ReleaseWatch } | undefined;
     let contended = false;
@@ -392,7 +395,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       for (;;) {
         o.signal?.throwIfAborted();
         if (this.closing) throw shutDown(keys.join(', '));
-        const start = now();
+        const start = this.clock();
         const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, this.countHolds), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
@@ -413,18 +416,18 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           if (o.waitMs > 0) await this.refuseOwnLock(result.blockedBy, context.owner, o);
           this.emit({ type: 'contended', key: result.blockedBy, owner: context.owner, retryAfterMs });
         }
-        if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'contended');
+        if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.clock() - started, 'contended');
         if (watch?.key !== result.blockedBy) {
           // Watch the key that blocks us, then try again before sleeping (no release can slip by).
           watch?.on.close();
           watch = { key: result.blockedBy, on: this.store.watch(result.blockedBy, context.owner) };
-          await withTimeout(watch.on.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
+          await withTimeout(watch.on.ready, deadline - this.clock(), () => new Error('subscribe timed out')).catch(() => undefined);
           continue;
         }
-        const remaining = deadline - now();
+        const remaining = deadline - this.clock();
         if (remaining <= 0) {
-          this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: now() - started });
-          throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, now() - started, 'timeout');
+          this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: this.clock() - started });
+          throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.clock() - started, 'timeout');
         }
         const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), signal);
         if (how === 'aborted') o.signal?.throwIfAborted();
@@ -437,10 +440,10 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /** The group path for stores without an atomic multi-key step: canonical order, rollback on failure. */
   private async takeOneByOne(keys: readonly string[], o: ResolvedLockOptions, context: LockContext): Promise<LockGroup> {
-    const deadline = now() + o.waitMs;
+    const deadline = this.clock() + o.waitMs;
     const handles: LockHandle[] = [];
     try {
-      for (const key of keys) handles.push(await this.take(key, { ...o, waitMs: Math.max(0, deadline - now()) }, context));
+      for (const key of keys) handles.push(await this.take(key, { ...o, waitMs: Math.max(0, deadline - this.clock()) }, context));
     } catch (error) {
       // All at once, as a group's release: a Redis that stopped answering costs one bound, not one per key.
       await Promise.all(handles.reverse().map((handle) => this.releaseQuietly(handle)));
@@ -582,7 +585,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     o.signal?.throwIfAborted();
     this.acquiring++;
     try {
-      const started = now();
+      const started = this.clock();
       const deadline = started + o.waitMs;
       let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
       if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
@@ -592,7 +595,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
       if (o.waitMs === 0) {
         await this.abandon(key, context.owner, o);
-        throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'contended');
+        throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.clock() - started, 'contended');
       }
       this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
       // An exclusive default-mode wait may be handed the lock by a release of this process (see takeHandover).
@@ -601,7 +604,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       let woken = false;
       let granted = false;
       try {
-        await withTimeout(watch.ready, deadline - now(), () => new Error('subscribe timed out')).catch(() => undefined);
+        await withTimeout(watch.ready, deadline - this.clock(), () => new Error('subscribe timed out')).catch(() => undefined);
         for (;;) {
           o.signal?.throwIfAborted();
           if (this.closing) throw shutDown(key);
@@ -613,10 +616,10 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           }
           watch.forgetGrant(attempt.result.lastToken);
           woken = false;
-          const remaining = deadline - now();
+          const remaining = deadline - this.clock();
           if (remaining <= 0) {
-            this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: now() - started });
-            throw new LockNotAcquiredError(key, retryAfter(attempt.result), now() - started, 'timeout');
+            this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: this.clock() - started });
+            throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.clock() - started, 'timeout');
           }
           // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
           // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
@@ -641,7 +644,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
           const handover = woken ? watch.takeHandover?.() : undefined;
           if (handover) {
             // Bounded as an attempt is: a grant that comes after the wait ended is given back.
-            const handed = await this.bounded(handover, now(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
+            const handed = await this.bounded(handover, this.clock(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
             const handle = await this.takenOver(key, context, o, handed, started);
             if (handle) {
               woken = false;
@@ -684,13 +687,13 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private async handedOver(key: string, context: LockContext, o: ResolvedLockOptions, fencingToken: number, attemptStart: number, started: number): Promise<LockHandle | undefined> {
     const handoverMs = this.handoverLeaseMs(o);
     const result = { granted: true as const, holdCount: 1, fencingToken };
-    if (now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
+    if (this.clock() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
       if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
-    const start = now();
+    const start = this.clock();
     const [kept] = await this.step(this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }])).catch(() => [false]);
     // Not kept: the handover was lost meanwhile; the next attempt says where things stand.
     return kept ? this.granted(key, context, o, result, start, started) : undefined;
@@ -721,7 +724,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     deadline: number,
     waitId?: string,
     /** When the attempt started: Redis's lease counts from a moment after it. */
-    start = now(),
+    start = this.clock(),
   ): Promise<{ result: AcquireResult; start: number }> {
     const request = this.store.acquire(
       o.fair
@@ -754,7 +757,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * hold a key by now. Checked before `givenBack`, so an ordinary grant costs no promise.
    */
   private leaseRanOut(start: number, o: ResolvedLockOptions): boolean {
-    return now() >= start + o.leaseMs;
+    return this.clock() >= start + o.leaseMs;
   }
 
   /**
@@ -820,7 +823,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
       if (lock) void this.markLost(lock, 'taken');
       // fencingTokens: false: no grant carries a token, whatever the store returned (a fair handover's, the memory store's).
       const fencingToken = this.options.fencingTokens ? result.fencingToken : Number.NaN;
-      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift, o.fair);
+      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift, o.fair, this.clock);
       if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);
@@ -829,7 +832,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         this.emit(
           result.holdCount > 1
             ? { type: 'reentered', key, owner: context.owner, holdCount: result.holdCount }
-            : { type: 'acquired', key, owner: context.owner, waitedMs: now() - started, fencingToken },
+            : { type: 'acquired', key, owner: context.owner, waitedMs: this.clock() - started, fencingToken },
         );
       }
     }
@@ -838,7 +841,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /** @internal */
   checkDeadline(lock: HeldLock): void {
-    if (!lock.lost && lock.holds > 0 && lock.deadline <= now()) void this.markLost(lock, 'lease-expired');
+    if (!lock.lost && lock.holds > 0 && lock.deadline <= this.clock()) void this.markLost(lock, 'lease-expired');
   }
 
   /** @internal */
@@ -885,7 +888,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     if (handle.released) {
       throw new LockError(`LockHandle.extend(): the handle of "${lock.key}" was already released; acquire the lock again.`);
     }
-    const start = now();
+    const start = this.clock();
     let ok: boolean | undefined;
     try {
       [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]));

@@ -1,7 +1,17 @@
 import { performance } from 'node:perf_hooks';
 
+/** A source of monotonic milliseconds. */
+export type Clock = () => number;
+
 /** Monotonic milliseconds for local deadlines; never compared across processes. */
-export const now = (): number => performance.now();
+export const now: Clock = () => performance.now();
+
+/**
+ * The global `performance.now()`, read at each call: what a test's fake timers replace (Jest's
+ * replace the global `performance` along with `setTimeout`, not `node:perf_hooks`). The clock of
+ * the memory store, whose leases live in this process (see LockStore.clock).
+ */
+export const globalNow: Clock = () => globalThis.performance.now();
 
 /**
  * Settles like `promise`, or rejects with `onTimeout()` after `ms`. The timer never keeps the

@@ -1,5 +1,5 @@
 import type { HeldLock } from '../held-lock.js';
-import { now } from '../internal/time.js';
+import { now, type Clock } from '../internal/time.js';
 
 /** What the watchdog asks of the service that owns it. Each hook must not throw. */
 export interface WatchdogHooks {
@@ -32,7 +32,11 @@ export class Watchdog {
   private wakeAt = Infinity;
   private stopped = false;
 
-  constructor(private readonly hooks: WatchdogHooks) {}
+  constructor(
+    private readonly hooks: WatchdogHooks,
+    /** The clock of the locks' deadlines (LockStore.clock). */
+    private readonly now: Clock = now,
+  ) {}
 
   get size(): number {
     return this.locks.size;
@@ -40,7 +44,7 @@ export class Watchdog {
 
   /** How late the most overdue renewal is, in ms (0 when every renewal is on time). */
   overdueMs(): number {
-    const t = now();
+    const t = this.now();
     let worst = 0;
     for (const lock of this.locks) if (lock.watchdog) worst = Math.max(worst, t - lock.renewAt);
     return worst;
@@ -83,7 +87,7 @@ export class Watchdog {
     if (this.stopped || at >= this.wakeAt) return;
     if (this.timer) clearTimeout(this.timer);
     this.wakeAt = at;
-    this.timer = setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - now())));
+    this.timer = setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - this.now())));
     // A held lock alone never keeps the process alive; its lease frees it if the process exits.
     this.timer.unref();
   }
@@ -91,7 +95,7 @@ export class Watchdog {
   private tick(): void {
     this.timer = undefined;
     this.wakeAt = Infinity;
-    const t = now();
+    const t = this.now();
     const due: HeldLock[] = [];
     for (const lock of this.locks) {
       if (lock.deadline <= t) {
@@ -136,7 +140,7 @@ export class Watchdog {
         this.reschedule();
       },
       (error: unknown) => {
-        const t = now();
+        const t = this.now();
         for (const lock of due) {
           lock.renewing = false;
           lock.renewAt = t + Math.min(1_000, lock.leaseMs / 10);

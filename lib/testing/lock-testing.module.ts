@@ -5,7 +5,9 @@ import type { LockModuleOptions } from '../lock-options.js';
 /**
  * `LockModule` on the in-process memory store, for your own tests: the same `LockService`,
  * `@Locked` and semantics (reentrancy, leases, waiting, fairness, read-write, multi-key, fencing),
- * no Redis needed. It locks within one process only: never use it as a distributed lock.
+ * no Redis needed. It locks within one process only: never use it as a distributed lock. Its
+ * leases, waits, renewals and `minHoldMs` follow Jest's fake timers (advance them with
+ * `jest.advanceTimersByTimeAsync()`).
  *
  * @example
  * const moduleRef = await Test.createTestingModule({

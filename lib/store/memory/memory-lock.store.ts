@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { globalNow } from '../../internal/time.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
 import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
@@ -16,6 +17,8 @@ export class MemoryLockStore implements LockStore {
   readonly description = 'in-process memory store (not distributed)';
   /** Every step answers at once: nothing to bound. */
   readonly boundsSteps = true;
+  /** Leases live in this process: a test's fake timers move them (see LockStore.clock). */
+  readonly clock = globalNow;
   private readonly locks = new Map<string, MemoryLock>();
   private readonly fences = new Map<string, { last: number; expiresAt: number }>();
   private readonly queues = new Map<string, Map<string, number>>(); // fair: owner -> place deadline, in order
@@ -229,7 +232,8 @@ class MemoryLock {
   }
 }
 
-const clock = () => performance.now();
+/** The clock of the memory store's leases and queue places (see LockStore.clock). */
+const clock = globalNow;
 
 function holderField(owner: string, mode: LockMode): string {
   return mode === 'read' ? `${owner}:read` : owner;

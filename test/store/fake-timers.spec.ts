@@ -1,0 +1,109 @@
+import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import { Injectable } from '@nestjs/common';
+import { Cron, ScheduleModule } from '@nestjs/schedule';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { filter, type Subscription } from 'rxjs';
+import { Locked, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
+import { CapturingLogger, elsewhere } from '../support/lock-testing.js';
+
+/**
+ * LockTestingModule under Jest's fake timers, the way apps test their scheduled jobs: the memory
+ * store's leases, `minHoldMs`, waits and renewals all follow the fake clock, as the timers that wait
+ * for them do. (The Redis stores keep the real clock: Redis's leases run on real time.)
+ */
+const ticks: { instance: string; at: string }[] = [];
+
+/** Two instances of one job, as two app instances would run it: one key, both triggered every 10 s. */
+@Injectable()
+class ReportJobA {
+  @Cron('*/10 * * * * *')
+  @Locked('jobs:report', { onContention: 'skip', minHoldMs: 8_000 })
+  async run() {
+    ticks.push({ instance: 'A', at: new Date().toISOString() });
+  }
+}
+@Injectable()
+class ReportJobB {
+  @Locked('jobs:report', { onContention: 'skip', minHoldMs: 8_000 })
+  @Cron('*/10 * * * * *')
+  async run() {
+    ticks.push({ instance: 'B', at: new Date().toISOString() });
+  }
+}
+
+describe("LockTestingModule under Jest's fake timers", () => {
+  let moduleRef: TestingModule;
+  let locks: LockService;
+  const events: LockEvent[] = [];
+  let watching: Subscription;
+  beforeEach(async () => {
+    jest.useFakeTimers({ now: new Date('2026-01-01T00:00:00.000Z') });
+    ticks.length = 0;
+    events.length = 0;
+    moduleRef = await Test.createTestingModule({ imports: [ScheduleModule.forRoot(), LockTestingModule.forRoot()], providers: [ReportJobA, ReportJobB] })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await moduleRef.init();
+    locks = moduleRef.get(LockService);
+    watching = locks.events$.subscribe((e) => events.push(e));
+  });
+  afterEach(async () => {
+    watching.unsubscribe();
+    await moduleRef.close();
+    jest.useRealTimers();
+  });
+
+  it('runs a @Cron job with onContention skip and minHoldMs once per tick: minHoldMs ends on the fake clock', async () => {
+    await jest.advanceTimersByTimeAsync(40_000);
+    const at = ticks.map((t) => t.at);
+    expect(at).toEqual(['2026-01-01T00:00:10.000Z', '2026-01-01T00:00:20.000Z', '2026-01-01T00:00:30.000Z', '2026-01-01T00:00:40.000Z']);
+    expect(events.filter((e) => e.type === 'skipped')).toHaveLength(4);
+  });
+
+  it('keeps a watchdog lock held for far longer than its lease, renewed on the fake clock', async () => {
+    const lock = await locks.acquire('held', { leaseMs: 3_000, watchdog: true });
+    await jest.advanceTimersByTimeAsync(60_000);
+    expect(events.filter((e) => e.type === 'renewed' && e.key === 'held').length).toBeGreaterThanOrEqual(20);
+    expect(lock.isHeld).toBe(true);
+    expect(await elsewhere(() => locks.tryAcquire('held'))).toBeNull();
+    await lock.release();
+  });
+
+  it('loses a watchdog lock when the synchronous advanceTimersByTime() jumps past its lease: no renewal could settle meanwhile', async () => {
+    const lock = await locks.acquire('jumped', { leaseMs: 3_000, watchdog: true });
+    jest.advanceTimersByTime(10_000);
+    await jest.advanceTimersByTimeAsync(0); // let the promises of that jump settle
+    expect(lock.isHeld).toBe(false);
+    expect((lock.signal.reason as LockLostError).reason).toBe('lease-expired');
+    expect(events).toContainEqual(expect.objectContaining({ type: 'lost', key: 'jumped', reason: 'lease-expired' }));
+  });
+
+  it('ends a wait after waitMs of fake time with LockNotAcquiredError', async () => {
+    const holder = await locks.acquire('waited');
+    let outcome: unknown;
+    const waiting = elsewhere(() => locks.acquire('waited', { waitMs: 2_000 })).then(
+      () => 'acquired',
+      (error: unknown) => (outcome = error),
+    );
+    await jest.advanceTimersByTimeAsync(1_900);
+    expect(outcome).toBeUndefined();
+    await jest.advanceTimersByTimeAsync(200);
+    await waiting;
+    expect(outcome).toBeInstanceOf(LockNotAcquiredError);
+    expect((outcome as LockNotAcquiredError).reason).toBe('timeout');
+    await holder.release();
+  });
+
+  it('ends a fixed lease after leaseMs of fake time: the holder is told, another owner takes the key', async () => {
+    const lock = await locks.acquire('fixed', { leaseMs: 5_000 });
+    const lost = new Promise<LockEvent>((resolve) => locks.events$.pipe(filter((e) => e.type === 'lost' && e.key === 'fixed')).subscribe(resolve));
+    await jest.advanceTimersByTimeAsync(4_900);
+    expect(lock.isHeld).toBe(true);
+    await jest.advanceTimersByTimeAsync(200);
+    expect(await lost).toMatchObject({ reason: 'lease-expired' });
+    expect((lock.signal.reason as LockLostError).reason).toBe('lease-expired');
+    const next = await elsewhere(() => locks.tryAcquire('fixed'));
+    expect(next).not.toBeNull();
+    await next!.release();
+  });
+});
