@@ -1,10 +1,11 @@
-import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
 import { Cron, ScheduleModule } from '@nestjs/schedule';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, type Subscription } from 'rxjs';
 import { Locked, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
-import { CapturingLogger, elsewhere } from '../support/lock-testing.js';
+import { CapturingLogger, elsewhere, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
 
 /**
  * LockTestingModule under Jest's fake timers, the way apps test their scheduled jobs: the memory
@@ -105,5 +106,31 @@ describe("LockTestingModule under Jest's fake timers", () => {
     const next = await elsewhere(() => locks.tryAcquire('fixed'));
     expect(next).not.toBeNull();
     await next!.release();
+  });
+});
+
+describe("LockModule on Redis under Jest's fake timers", () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  it("keeps its deadlines on the real clock: fake time past a lease loses nothing, as Redis's lease runs on real time", async () => {
+    jest.useFakeTimers();
+    const lock = await app.locks.acquire('redis:held', { leaseMs: 3_000, watchdog: true });
+    await jest.advanceTimersByTimeAsync(10_000);
+    expect(lock.isHeld).toBe(true);
+    expect(await app.locks.remainingTtl('redis:held')).toBeGreaterThan(0);
+    await lock.release();
+    expect(await app.locks.isLocked('redis:held')).toBe(false);
   });
 });
