@@ -91,6 +91,14 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         );
         return failed(spec, error);
       }
+      if (!(locks instanceof LockService)) {
+        const error = new LockConfigurationError(
+          '@Locked',
+          `${where}: the LockService injected into this instance is not nestjs-locked's LockService but ${describeInjected(locks)}: a test replaced it (overrideProvider(LockService), or a provider { provide: LockService, useValue }). ` +
+            `@Locked needs the real one: import LockTestingModule.forRoot() in the test instead of a mock (the same LockService on an in-process store, no Redis needed).`,
+        );
+        return failed(spec, error);
+      }
       const result = invokeLocked(locks, spec, this, args, method as (...a: unknown[]) => unknown);
       return site ? withLockErrorsTranslated(result, site.context, locks) : result;
     };
@@ -110,6 +118,12 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
     if (siteIndex === undefined) UseInterceptors(LockInterceptor)(target, propertyKey, descriptor);
     return descriptor;
   };
+}
+
+function describeInjected(value: unknown): string {
+  if (value === null || typeof value !== 'object') return typeof value;
+  const name = (Object.getPrototypeOf(value) as { constructor?: { name?: string } } | null)?.constructor?.name;
+  return name && name !== 'Object' ? `an instance of ${name}` : 'a plain object';
 }
 
 /** A call that fails before any lock is taken, in the shape the method returns. */

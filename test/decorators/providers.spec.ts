@@ -259,3 +259,46 @@ describe('@Locked in a module that cannot inject LockService', () => {
     expect((failure as Error).message).toMatch(/If LockService is exported from a separate @Module, is that module imported within FeatureModule\?/);
   });
 });
+
+describe('@Locked with a LockService a test replaced by a mock', () => {
+  @Injectable()
+  class Payments {
+    constructor(readonly locks: LockService) {}
+    @Locked('payment:<0>')
+    async pay(id: string) {
+      return `paid ${id}`;
+    }
+    @Locked('payment:<0>')
+    watch(id: string): Observable<string> {
+      return new Observable((s) => s.next(id));
+    }
+    @Locked('payment:<0>')
+    async *history(id: string) {
+      yield id;
+    }
+  }
+  const says = /@Locked on Payments\.pay: the LockService injected into this instance is not nestjs-locked's LockService but a plain object: a test replaced it .*import LockTestingModule\.forRoot\(\) in the test instead of a mock/;
+
+  it('fails each call with a LockConfigurationError that says to use LockTestingModule, for a provider { provide: LockService, useValue }', async () => {
+    let calls = 0;
+    const mock = { run: async (_key: string, fn: () => unknown) => (calls++, fn()), acquire: async () => (calls++, undefined) };
+    const moduleRef = await Test.createTestingModule({ providers: [Payments, { provide: LockService, useValue: mock }] }).compile();
+    const payments = moduleRef.get(Payments);
+    await expect(payments.pay('1')).rejects.toThrow(LockConfigurationError);
+    await expect(payments.pay('1')).rejects.toThrow(says);
+    // Each in the shape the method returns, never the TypeError of a missing internal method.
+    await expect(firstValueFrom(payments.watch('1'))).rejects.toThrow(/Payments\.watch: the LockService injected .* is not nestjs-locked's/);
+    await expect(payments.history('1').next()).rejects.toThrow(/Payments\.history: the LockService injected .* is not nestjs-locked's/);
+    expect(calls).toBe(0);
+    await moduleRef.close();
+  });
+
+  it('fails the same way after overrideProvider(LockService).useValue(...)', async () => {
+    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ store: 'memory' })], providers: [Payments] })
+      .overrideProvider(LockService)
+      .useValue({ run: async () => undefined })
+      .compile();
+    await expect(moduleRef.get(Payments).pay('1')).rejects.toThrow(says);
+    await moduleRef.close();
+  });
+});

@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Get, Param } from '@nestjs/common';
+import { Controller, Get, Injectable, Param } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Cluster, type Redis } from 'ioredis';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -75,6 +75,22 @@ const replacedCallSite = async (redis: RedisServer) => {
     await moduleRef.close();
   }
 };
+/** A `@Locked` method of a provider whose LockService a test replaced with `useValue` (a mock). */
+const mockedLockService = async () => {
+  @Injectable()
+  class P {
+    @Locked('p')
+    async m() {
+      return 'unlocked';
+    }
+  }
+  const moduleRef = await Test.createTestingModule({ providers: [P, { provide: LockService, useValue: { run: async () => undefined } }] }).compile();
+  try {
+    return await moduleRef.get(P).m();
+  } finally {
+    await moduleRef.close();
+  }
+};
 /** Runs `fn` with `n` Redis ports that never answer (held until it settles; see silentPort). */
 const silently = async <T>(n: number, fn: (ports: number[]) => Promise<T>): Promise<T> => {
   const ports = await Promise.all(Array.from({ length: n }, () => silentPort()));
@@ -121,6 +137,7 @@ const cases: Case[] = [
   { entry: '@Locked(template)', input: 'placeholder beyond the parameters', outcome: LockConfigurationError, says: /declares 1 parameter/, run: async () => { class C { @Locked('a:<3>') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template, options)', input: 'unknown onContention', outcome: LockConfigurationError, says: /'wait', 'fail' or 'skip'/, run: async () => { class C { @Locked('a', { onContention: 'retry' as never }) async m() {} } return C; } },
   { entry: '@Locked(template)', input: 'on a generator method (function*)', outcome: LockConfigurationError, says: /Make it an async generator/, run: async () => { class C { @Locked('a') *m() { yield 1; } } return C; } },
+  { entry: '@Locked method', input: 'LockService replaced by a mock in a test', outcome: LockConfigurationError, says: /import LockTestingModule\.forRoot\(\) in the test instead of a mock/, run: () => mockedLockService() },
   { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds', outcome: LockConfigurationError, says: /a pipe changed it. A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged/, run: ({ redis }) => replacedCallSite(redis) },
   // module options and clients
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
