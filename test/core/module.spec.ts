@@ -1,19 +1,21 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Injectable, Module } from '@nestjs/common';
+import { Injectable, Module, type BeforeApplicationShutdown, type OnModuleDestroy } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Cluster, Redis } from 'ioredis';
 import { connect } from 'node:net';
 import {
+  Locked,
   LockBackendError,
   LockConfigurationError,
   LockLostError,
   LockModule,
   LockService,
+  type LockHandle,
   type LockModuleOptions,
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
-import { CapturingLogger, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
+import { CapturingLogger, gate, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
 import { freePort, olderRedisProxy, RedisServer, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
@@ -279,6 +281,49 @@ describe('LockModule', () => {
     expect(await redis.client().exists('lock:{shutdown:1}')).toBe(0);
     expect(client.status).toBe('end');
     await expect(locks.acquire('shutdown:2')).rejects.toThrow(/the lock module has shut down/);
+  });
+
+  it("keeps locks held through the application's own onModuleDestroy and beforeApplicationShutdown hooks: work drained there finishes under its lock", async () => {
+    const raw = redis.client();
+    const started = gate();
+    const finish = gate();
+    let job: Promise<boolean> | undefined;
+    let held: LockHandle | undefined;
+    const looks: Record<string, { held: boolean; inRedis: number }> = {};
+    const look = async () => ({ held: held!.isHeld, inRedis: await raw.exists('lock:{drain:job}') });
+    @Injectable()
+    class Worker implements OnModuleDestroy, BeforeApplicationShutdown {
+      constructor(readonly locks: LockService) {}
+      @Locked('drain:job')
+      async work(): Promise<boolean> {
+        held = this.locks.current();
+        started.open();
+        await finish.promise;
+        return held!.signal.aborted;
+      }
+      async onModuleDestroy() {
+        looks.onModuleDestroy = await look();
+      }
+      async beforeApplicationShutdown() {
+        looks.beforeApplicationShutdown = await look();
+        finish.open(); // the drain: let the running job finish, and wait for it
+        await job;
+      }
+    }
+    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Worker] })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await moduleRef.init();
+    const locks = moduleRef.get(LockService);
+    const events: string[] = [];
+    locks.events$.subscribe((e) => e.key === 'drain:job' && events.push(e.type));
+    job = moduleRef.get(Worker).work();
+    await started.promise;
+    await moduleRef.close();
+    expect(looks).toEqual({ onModuleDestroy: { held: true, inRedis: 1 }, beforeApplicationShutdown: { held: true, inRedis: 1 } });
+    expect(await job).toBe(false); // its signal never aborted
+    expect(events).toEqual(['acquired', 'released']); // released by the job, not lost at shutdown
+    expect(await raw.exists('lock:{drain:job}')).toBe(0);
   });
 
   it('releases held locks when a signal ends an application with enableShutdownHooks(), long before their lease', async () => {
