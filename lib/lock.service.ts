@@ -1,7 +1,8 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import { Inject, Injectable, Logger, Optional, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import { ModuleRef } from '@nestjs/core';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { Subject, type Observable } from 'rxjs';
 import { LockBackendError } from './errors/lock-backend.error.js';
@@ -77,13 +78,6 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   private readonly clock: Clock;
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
-  /**
-   * The services of this process not yet closed: more than one when `LockModule.forRoot()` is
-   * imported more than once. A lock is reentrant only through the service that took it, so an
-   * acquisition that finds its key held tells whether another of them holds it in the calling
-   * context (see refuseOwnLock).
-   */
-  private static readonly open = new Set<LockService>();
   private readonly held = new Map<string, HeldLock>();
   /** Every owner this service makes for a context starts with this random id (see contextFor, countHolds). */
   private readonly ownerPrefix = `${randomBytes(9).toString('base64url')}:`;
@@ -113,11 +107,17 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    */
   readonly events$: Observable<LockEvent> = this.events.asObservable();
 
-  constructor(@Inject(LOCK_MODULE_OPTIONS) options: LockModuleOptions) {
+  constructor(
+    @Inject(LOCK_MODULE_OPTIONS) options: LockModuleOptions,
+    /**
+     * Finds the other LockServices of this application: more than one when `LockModule.forRoot()`
+     * is imported more than once (see refuseOwnLock). Absent when the service is created without Nest.
+     */
+    @Optional() private readonly moduleRef?: ModuleRef,
+  ) {
     this.options = resolveModuleOptions(options);
     this.store = this.createStore();
     this.clock = this.store.clock ?? now;
-    LockService.open.add(this);
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
       group: (lock) => this.store.renewalGroup?.(lock.key) ?? 0,
@@ -145,7 +145,6 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     try {
       await this.store.ready(timeoutMs);
     } catch (error) {
-      LockService.open.delete(this);
       await this.store.close();
       // What Redis is, rather than whether it answers (a version too old): said as it is.
       if (error instanceof LockConfigurationError) throw error;
@@ -905,7 +904,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
 
   /**
    * An acquisition that would wait found `key` held. If the holder is the calling context itself, through another
-   * LockService of this process (`LockModule.forRoot()` imported more than once: each import has a
+   * LockService of this application (`LockModule.forRoot()` imported more than once: each import has a
    * service of its own, and a lock is reentrant only through the service that took it), waiting
    * would wait for the caller's own lock until `waitMs` ran out: fail at once, saying what to fix.
    * Asks Redis only when another service holds `key` in the calling context, so that a lock of
@@ -913,7 +912,7 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    */
   private async refuseOwnLock(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
     let outer: LockHandle | undefined;
-    for (const other of LockService.open) if (other !== this && (outer = other.current(key))) break;
+    for (const other of this.others()) if ((outer = other.current(key))) break;
     if (!outer) return;
     // A lost lock's owner holds nothing in Redis: the check below lets the wait go on.
     const state = await this.step(this.store.inspect(key, outer.owner, outer.lock.mode)).catch(() => undefined);
@@ -921,9 +920,24 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
     await this.abandon(key, owner, o);
     throw new LockConfigurationError(
       'LockModule',
-      `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() is imported more than once in this process, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
+      `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() is imported more than once in this application, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
         `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
     );
+  }
+
+  /**
+   * The other LockServices of this application not yet shut down (each import of `LockModule.forRoot()`
+   * makes one). Asked of Nest when needed, not kept anywhere: another application of this process
+   * is never seen, and a module loaded lazily is.
+   */
+  private others(): LockService[] {
+    let all: LockService[];
+    try {
+      all = this.moduleRef?.get(LockService, { strict: false, each: true }) ?? [];
+    } catch {
+      return [];
+    }
+    return all.filter((other) => other !== this && other instanceof LockService && !other.closing);
   }
 
   /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */
@@ -1020,7 +1034,6 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
   }
 
   private close(): Promise<void> {
-    LockService.open.delete(this);
     this.closing ??= (async () => {
       this.watchdog.stop();
       // Waiters wake and fail with the shutdown error, leaving fair queues and waiting writers first;

@@ -197,6 +197,11 @@ class Transfers {
   }
 }
 
+@Injectable()
+class Archive {
+  constructor(readonly locks: LockService) {}
+}
+
 describe('LockModule.forRoot() imported twice in one application', () => {
   // Each import makes a LockService of its own: a lock is reentrant only through the one that took
   // it, so a @Locked method calling another module's @Locked method on the same key would wait for
@@ -206,26 +211,32 @@ describe('LockModule.forRoot() imported twice in one application', () => {
   let app: TestingModule;
   let outerLocks: LockService;
   let innerLocks: LockService;
+  let elsewhereLocks: LockService;
   beforeAll(async () => {
     [redis, other] = await Promise.all([RedisServer.start(), RedisServer.start()]);
     @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Ledger], exports: [Ledger] })
     class LedgerModule {}
     @Module({ imports: [LedgerModule, LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
     class TransfersModule {}
-    app = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
+    // A third import, on another Redis: the same key names there are other locks.
+    @Module({ imports: [LockModule.forRoot({ redis: other.url })], providers: [Archive] })
+    class ArchiveModule {}
+    app = await Test.createTestingModule({ imports: [TransfersModule, ArchiveModule] }).setLogger(new CapturingLogger()).compile();
     await app.init();
     innerLocks = app.get(Ledger).locks;
     outerLocks = app.get(Transfers).locks;
+    elsewhereLocks = app.get(Archive).locks;
   });
   afterAll(async () => {
     await app?.close();
     await Promise.all([redis?.stop(), other?.stop()]);
   });
 
-  it('has two LockServices (the setup this block is about)', () => {
+  it('has three LockServices (the setup this block is about)', () => {
     expect(innerLocks).toBeInstanceOf(LockService);
     expect(outerLocks).toBeInstanceOf(LockService);
     expect(innerLocks).not.toBe(outerLocks);
+    expect(new Set([innerLocks, outerLocks, elsewhereLocks]).size).toBe(3);
   });
 
   it('fails the inner @Locked call at once with a LockConfigurationError that says to import LockModule.forRoot() once, instead of waiting for its own caller', async () => {
@@ -278,18 +289,27 @@ describe('LockModule.forRoot() imported twice in one application', () => {
     });
   });
 
-  it('still waits when the caller holds the same key name through a service on another Redis (another lock) and a third owner holds it here', async () => {
-    const elsewhere = await startLockApp({ redis: other.url });
-    try {
-      const holder = await innerLocks.acquire('account:7', { leaseMs: 5_000 });
-      await elsewhere.locks.run('account:7', async () => {
-        const failure = await innerLocks.acquire('account:7', { waitMs: 300 }).catch((e: unknown) => e);
-        expect(failure).toBeInstanceOf(LockNotAcquiredError);
-        expect((failure as LockNotAcquiredError).reason).toBe('timeout');
-      });
-      await holder.release();
-    } finally {
-      await elsewhere.close();
-    }
+  it('still waits when the caller holds the same key name through a service of this application on another Redis (another lock) and a third owner holds it here', async () => {
+    const holder = await innerLocks.acquire('account:7', { leaseMs: 5_000 });
+    await elsewhereLocks.run('account:7', async () => {
+      const failure = await innerLocks.acquire('account:7', { waitMs: 300 }).catch((e: unknown) => e);
+      expect(failure).toBeInstanceOf(LockNotAcquiredError);
+      expect((failure as LockNotAcquiredError).reason).toBe('timeout');
+    });
+    await holder.release();
+  });
+});
+
+describe('two Nest applications in one process', () => {
+  let a: LockApp;
+  let b: LockApp;
+  usePrivateLockApp({}, (started) => ({ app: a, other: b } = started), {});
+
+  it("never look at each other's locks: a nested acquisition of one inside the other's lock waits like any owner's (no LockConfigurationError)", async () => {
+    await a.locks.run('apps:nested', async () => {
+      const failure = await b.locks.acquire('apps:nested', { waitMs: 300 }).catch((e: unknown) => e);
+      expect(failure).toBeInstanceOf(LockNotAcquiredError);
+      expect((failure as LockNotAcquiredError).reason).toBe('timeout');
+    });
   });
 });
