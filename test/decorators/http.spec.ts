@@ -13,6 +13,7 @@ import {
   Param,
   ParseIntPipe,
   Post,
+  Res,
   Sse,
   StreamableFile,
   type INestApplication,
@@ -115,6 +116,18 @@ class ItemsController {
   @Locked('items:all')
   async listBelow() {
     return { key: this.locks.current()?.key };
+  }
+
+  /** Sends its response itself through the platform's response object (@Res(): express res, fastify reply). */
+  @Post(':id/raw')
+  @Locked('item:<0>')
+  async raw(@Param('id') id: string, @Res() res: { send(body: unknown): unknown }) {
+    const wait = holding.get(`item:${id}`);
+    if (wait) {
+      wait.entered();
+      await wait.release;
+    }
+    res.send({ id, key: this.locks.current()?.key });
   }
 
   /** A download: the method returns the stream, which the client reads after the method returned. */
@@ -239,6 +252,25 @@ for (const platform of ['express', 'fastify'] as const) {
         expect(await res.json()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key: 'items:all' });
       }
       await holder.release();
+    });
+
+    it('locks a handler that sends its own response with @Res(), and answers 409 with Retry-After for it when another owner holds the lock', async () => {
+      const entered = gate();
+      const release = gate();
+      holding.set('item:r1', { entered: entered.open, release: release.promise });
+      const first = fetch(`${url}/items/r1/raw`, { method: 'POST' });
+      await entered.promise;
+      expect(await locks.isLocked('item:r1')).toBe(true);
+      const contended = await fetch(`${url}/items/r1/raw`, { method: 'POST' });
+      expect(contended.status).toBe(409);
+      expect(Number(contended.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+      expect(await contended.json()).toMatchObject({ statusCode: 409, code: 'LOCK_NOT_ACQUIRED', key: 'item:r1' });
+      release.open();
+      holding.delete('item:r1');
+      const res = await first;
+      expect(res.status).toBe(201);
+      expect(await res.json()).toEqual({ id: 'r1', key: 'item:r1' });
+      expect(await locks.isLocked('item:r1')).toBe(false);
     });
 
     it('passes the handler\'s own exceptions through unchanged', async () => {
