@@ -54,7 +54,10 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
     const isStatic = typeof target === 'function';
     const className = (isStatic ? (target as { name: string }).name : target.constructor?.name) ?? 'anonymous class';
     const where = `@Locked on ${className}.${String(propertyKey)}`;
-    const method = descriptor.value;
+    if (propertyKey === undefined) {
+      throw new LockConfigurationError('@Locked', `@Locked on class ${className}: @Locked goes on methods, not on classes; put it on each method to lock.`);
+    }
+    const method = descriptor?.value;
     if (typeof method !== 'function') {
       throw new LockConfigurationError('@Locked', `${where}: @Locked goes on methods, not on accessors or fields.`);
     }
