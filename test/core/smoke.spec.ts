@@ -14,4 +14,21 @@ describe('smoke', () => {
     expect(await app.locks.isLocked('a')).toBe(false);
   });
 
+  it('releases a handle and a group taken with `await using` at the end of their block, also when the block throws', async () => {
+    {
+      await using lock = await app.locks.acquire('using:one');
+      await using group = await app.locks.acquire(['using:a', 'using:b']);
+      expect(lock.isHeld && group.isHeld).toBe(true);
+      expect(await app.locks.isLocked('using:b')).toBe(true);
+    }
+    for (const key of ['using:one', 'using:a', 'using:b']) expect(await app.locks.isLocked(key)).toBe(false);
+    const failure = new RangeError('inside the block');
+    const block = async () => {
+      await using lock = await app.locks.acquire('using:thrown');
+      expect(lock.isHeld).toBe(true);
+      throw failure;
+    };
+    await expect(block()).rejects.toBe(failure);
+    expect(await app.locks.isLocked('using:thrown')).toBe(false);
+  });
 });
