@@ -93,6 +93,20 @@ describe('multi-key locks', () => {
     expect(await held('l:1')).toBe(0);
   });
 
+  it("extend() sets every key's remaining lease, and the watchdog then renews each key with that lease", async () => {
+    const fixed = await app.locks.acquire(['x:1', 'x:2'], { leaseMs: 1_000 });
+    await fixed.extend(20_000);
+    for (const key of ['x:1', 'x:2']) expect(await app.locks.remainingTtl(key)).toBeGreaterThan(19_000);
+    await fixed.release();
+    const renewing = await app.locks.acquire(['x:3', 'x:4']); // the module's 600 ms lease, renewed
+    await renewing.extend(3_000);
+    const renewed = await nextEvent(app.locks.events$, 'renewed', (e) => e.key === 'x:4');
+    expect(renewed.leaseMs).toBe(3_000);
+    expect(await app.locks.remainingTtl('x:4')).toBeGreaterThan(2_000);
+    await renewing.release();
+    expect(await held('x:1', 'x:2', 'x:3', 'x:4')).toBe(0);
+  });
+
   it('refuses groups with a mode or fair, and empty groups', async () => {
     await expect(app.locks.acquire(['a', 'b'], { mode: 'read' })).rejects.toThrow(/multi-key locks are exclusive/);
     await expect(app.locks.acquire([])).rejects.toThrow(/at least one key/);
