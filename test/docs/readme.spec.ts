@@ -17,7 +17,7 @@ const work = join(root, '.tmp', 'readme-check');
 const commonImports = `import { Body, Controller, Get, Injectable, Module, Param, ParseIntPipe, Post, Put } from '@nestjs/common';
 import { Cron, CronExpression } from '@nestjs/schedule';
 import { Test } from '@nestjs/testing';
-import { Locked, LockModule, LockNotAcquiredError, LockService, LockTestingModule } from 'nestjs-locked';
+import { Locked, LOCK_MODULE_OPTIONS, LockModule, LockNotAcquiredError, LockService, LockTestingModule } from 'nestjs-locked';
 `;
 
 const ambient = `declare const locks: import('nestjs-locked').LockService;
@@ -33,6 +33,7 @@ declare function importBatch(batch: unknown, options: { signal: AbortSignal }): 
 declare class ConfigModule {}
 declare class ConfigService { getOrThrow(key: string): string; }
 declare class OrdersModule {}
+declare class AppModule {}
 declare class Doc {}
 `;
 

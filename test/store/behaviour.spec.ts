@@ -1,9 +1,9 @@
 import { AsyncResource } from 'node:async_hooks';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Injectable } from '@nestjs/common';
+import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { performance } from 'node:perf_hooks';
-import { Locked, LockConfigurationError, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, LockLostError, type LockModuleOptions } from '../../lib/index.js';
+import { Locked, LOCK_MODULE_OPTIONS, LockConfigurationError, LockModule, LockNotAcquiredError, LockService, LockTestingModule, LockUpgradeError, LockLostError, type LockModuleOptions } from '../../lib/index.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
@@ -259,6 +259,33 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('behaviour on 
 });
 
 describe('LockTestingModule', () => {
+  it("puts an application module's LockModule.forRoot() or forRootAsync() on the memory store with overrideProvider(LOCK_MODULE_OPTIONS)", async () => {
+    @Injectable()
+    class Payments {
+      constructor(readonly locks: LockService) {}
+      @Locked('payment:<0>')
+      async pay(id: string) {
+        return { id, holdCount: this.locks.current()?.holdCount, held: await this.locks.isLocked(`payment:${id}`) };
+      }
+    }
+    // Both point at a port where no Redis listens: bootstrap would fail after 1 s without the override.
+    @Module({ imports: [LockModule.forRoot({ redis: 'redis://127.0.0.1:1', connectTimeoutMs: 1_000, isGlobal: true })], providers: [Payments] })
+    class AppModule {}
+    @Module({ imports: [LockModule.forRootAsync({ useFactory: async () => ({ redis: 'redis://127.0.0.1:1', connectTimeoutMs: 1_000 }), isGlobal: true })], providers: [Payments] })
+    class AsyncAppModule {}
+    for (const root of [AppModule, AsyncAppModule]) {
+      const moduleRef = await Test.createTestingModule({ imports: [root] })
+        .overrideProvider(LOCK_MODULE_OPTIONS)
+        .useValue({ store: 'memory' })
+        .setLogger(new CapturingLogger())
+        .compile();
+      await moduleRef.init();
+      expect(await moduleRef.get(Payments).pay('7')).toEqual({ id: '7', holdCount: 1, held: true });
+      expect((await moduleRef.get(LockService).health()).store).toMatch(/memory/);
+      await moduleRef.close();
+    }
+  });
+
   it('gives @Locked and LockService an in-process store without any Redis', async () => {
     @Injectable()
     class Orders {
