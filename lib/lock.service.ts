@@ -1,7 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { Inject, Injectable, Logger, Optional, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import { Inject, Injectable, Logger, Optional, type OnApplicationBootstrap, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { Subject, type Observable } from 'rxjs';
@@ -70,7 +70,7 @@ const SHUTDOWN_RELEASE_MS = 2_000;
  * });
  */
 @Injectable()
-export class LockService implements OnModuleInit, OnApplicationShutdown {
+export class LockService implements OnModuleInit, OnApplicationBootstrap, OnApplicationShutdown {
   private readonly logger = new Logger('LockService');
   private readonly options: ResolvedModuleOptions;
   private readonly store: LockStore;
@@ -154,6 +154,21 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
         new Error(`${error instanceof Error ? error.message : String(error)} (check the redis option, or set connectTimeoutMs: 0 to start without checking)`),
       );
     }
+  }
+
+  /**
+   * Nest lifecycle hook: once every module is initialised, says (once per application, from its
+   * first LockService) when `LockModule.forRoot()` was imported more than once.
+   */
+  onApplicationBootstrap(): void {
+    const all = this.all();
+    if (all.length < 2 || all[0] !== this) return;
+    this.logger.warn(
+      `LockModule.forRoot() is imported ${all.length} times in this application: each import makes a LockService of its own, ` +
+        `with its own connections (on the memory store, its own locks, which never exclude another import's), and a lock is reentrant only through the LockService that took it ` +
+        `(a nested acquisition of a key its caller holds through another import fails with a LockConfigurationError). ` +
+        `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
+    );
   }
 
   /** Nest lifecycle hook: stops renewal, releases every held lock, closes the connections this module opened. */
@@ -931,13 +946,16 @@ export class LockService implements OnModuleInit, OnApplicationShutdown {
    * is never seen, and a module loaded lazily is.
    */
   private others(): LockService[] {
-    let all: LockService[];
+    return this.all().filter((other) => other !== this && !other.closing);
+  }
+
+  /** Every LockService of this application, this one included, in Nest's module order ([] without Nest). */
+  private all(): LockService[] {
     try {
-      all = this.moduleRef?.get(LockService, { strict: false, each: true }) ?? [];
+      return (this.moduleRef?.get(LockService, { strict: false, each: true }) ?? []).filter((s) => s instanceof LockService);
     } catch {
       return [];
     }
-    return all.filter((other) => other !== this && other instanceof LockService && !other.closing);
   }
 
   /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */

@@ -212,6 +212,7 @@ describe('LockModule.forRoot() imported twice in one application', () => {
   let outerLocks: LockService;
   let innerLocks: LockService;
   let elsewhereLocks: LockService;
+  const logger = new CapturingLogger();
   beforeAll(async () => {
     [redis, other] = await Promise.all([RedisServer.start(), RedisServer.start()]);
     @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Ledger], exports: [Ledger] })
@@ -221,7 +222,7 @@ describe('LockModule.forRoot() imported twice in one application', () => {
     // A third import, on another Redis: the same key names there are other locks.
     @Module({ imports: [LockModule.forRoot({ redis: other.url })], providers: [Archive] })
     class ArchiveModule {}
-    app = await Test.createTestingModule({ imports: [TransfersModule, ArchiveModule] }).setLogger(new CapturingLogger()).compile();
+    app = await Test.createTestingModule({ imports: [TransfersModule, ArchiveModule] }).setLogger(logger).compile();
     await app.init();
     innerLocks = app.get(Ledger).locks;
     outerLocks = app.get(Transfers).locks;
@@ -237,6 +238,11 @@ describe('LockModule.forRoot() imported twice in one application', () => {
     expect(outerLocks).toBeInstanceOf(LockService);
     expect(innerLocks).not.toBe(outerLocks);
     expect(new Set([innerLocks, outerLocks, elsewhereLocks]).size).toBe(3);
+  });
+
+  it('says so once at bootstrap, at warn level: how many imports, and to import LockModule.forRoot() once', () => {
+    const warnings = logger.entries.filter((e) => e.level === 'warn' && e.context === 'LockService' && e.message.includes('imported'));
+    expect(warnings.map((e) => e.message)).toEqual([expect.stringMatching(/^LockModule\.forRoot\(\) is imported 3 times in this application: each import makes a LockService of its own.*Import LockModule\.forRoot\(\) once, with isGlobal: true/)]);
   });
 
   it('fails the inner @Locked call at once with a LockConfigurationError that says to import LockModule.forRoot() once, instead of waiting for its own caller', async () => {
@@ -304,6 +310,10 @@ describe('two Nest applications in one process', () => {
   let a: LockApp;
   let b: LockApp;
   usePrivateLockApp({}, (started) => ({ app: a, other: b } = started), {});
+
+  it('do not warn about LockModule.forRoot() imported twice: each application imports it once', () => {
+    for (const each of [a, b]) expect(each.logger.at('warn').filter((m) => m.includes('imported'))).toEqual([]);
+  });
 
   it("never look at each other's locks: a nested acquisition of one inside the other's lock waits like any owner's (no LockConfigurationError)", async () => {
     await a.locks.run('apps:nested', async () => {

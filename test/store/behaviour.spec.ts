@@ -286,6 +286,30 @@ describe('LockTestingModule', () => {
     }
   });
 
+  it("warns when imported twice in one application: the two memory stores' locks never exclude each other", async () => {
+    @Injectable()
+    class Holder {
+      constructor(readonly locks: LockService) {}
+    }
+    @Module({ imports: [LockTestingModule.forRoot()], providers: [Holder], exports: [Holder] })
+    class FirstModule {}
+    @Module({ imports: [FirstModule, LockTestingModule.forRoot()], providers: [{ provide: 'second', useFactory: (locks: LockService) => locks, inject: [LockService] }] })
+    class SecondModule {}
+    const logger = new CapturingLogger();
+    const moduleRef = await Test.createTestingModule({ imports: [SecondModule] }).setLogger(logger).compile();
+    await moduleRef.init();
+    expect(logger.at('warn')).toEqual([expect.stringMatching(/^LockModule\.forRoot\(\) is imported 2 times in this application.*on the memory store, its own locks, which never exclude another import's/)]);
+    const first = moduleRef.get(Holder).locks;
+    const second = moduleRef.get<LockService>('second');
+    expect(first).not.toBe(second);
+    const held = await first.acquire('twice');
+    const alsoHeld = await second.tryAcquire('twice');
+    expect(alsoHeld).not.toBeNull(); // what the warning is about
+    await alsoHeld!.release();
+    await held.release();
+    await moduleRef.close();
+  });
+
   it('gives @Locked and LockService an in-process store without any Redis', async () => {
     @Injectable()
     class Orders {
