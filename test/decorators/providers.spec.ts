@@ -302,3 +302,60 @@ describe('@Locked with a LockService a test replaced by a mock', () => {
     await moduleRef.close();
   });
 });
+
+describe('@Locked with a decorator that wraps the method itself (a transaction)', () => {
+  const steps: string[] = [];
+  /** A transaction decorator as ORMs' helpers write them: begin, run the method, commit. */
+  function Transactional(): MethodDecorator {
+    return (_target, _key, descriptor) => {
+      const method = descriptor.value as unknown as (...args: unknown[]) => Promise<unknown>;
+      descriptor.value = async function (this: unknown, ...args: unknown[]) {
+        steps.push('begin');
+        const result = await method.apply(this, args);
+        steps.push('commit');
+        return result;
+      } as never;
+      return descriptor;
+    };
+  }
+  @Injectable()
+  class Accounts {
+    constructor(readonly locks: LockService) {}
+    @Locked('account:<0>')
+    @Transactional()
+    async lockedOutside(id: string) {
+      steps.push(`work, hold count ${this.locks.current()?.holdCount}`);
+      return id;
+    }
+    @Transactional()
+    @Locked('account:<0>')
+    async lockedInside(id: string) {
+      steps.push(`work, hold count ${this.locks.current()?.holdCount}`);
+      return id;
+    }
+  }
+
+  let moduleRef: TestingModule;
+  let accounts: Accounts;
+  beforeAll(async () => {
+    moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ store: 'memory' })], providers: [Accounts] }).compile();
+    await moduleRef.init();
+    accounts = moduleRef.get(Accounts);
+    moduleRef.get(LockService).events$.subscribe((e) => (e.type === 'acquired' || e.type === 'released') && steps.push(e.type));
+  });
+  afterAll(async () => {
+    await moduleRef?.close();
+  });
+
+  it('above it, takes the lock before the transaction begins and releases it after the commit', async () => {
+    steps.length = 0;
+    await accounts.lockedOutside('1');
+    expect(steps).toEqual(['acquired', 'begin', 'work, hold count 1', 'commit', 'released']);
+  });
+
+  it('below it, runs inside the transaction: it begins before the lock is taken and commits after the release', async () => {
+    steps.length = 0;
+    await accounts.lockedInside('1');
+    expect(steps).toEqual(['begin', 'acquired', 'work, hold count 1', 'released', 'commit']);
+  });
+});
