@@ -11,8 +11,8 @@ export interface LockedSpec {
   readonly where: string;
   /** The template or key function, as written (for messages and the interceptor). */
   readonly source: string;
-  /** Builds the key (or the keys of a multi-key lock) from the arguments the method receives (after pipes). */
-  readonly keyOf: (args: readonly unknown[]) => string | string[];
+  /** Builds the key (or the keys of a multi-key lock) from the arguments the method receives (after pipes); `self` is the instance (a key function's `this`). */
+  readonly keyOf: (args: readonly unknown[], self: unknown) => string | string[];
   readonly options: LockedOptions;
   /** The method declares that it returns an Observable: the lock is taken when it is subscribed. */
   readonly observable: boolean;
@@ -38,13 +38,14 @@ export function invokeLocked(
   args: unknown[],
   method: (...args: unknown[]) => unknown,
 ): unknown {
-  if (spec.observable) return lockedObservable(locks, spec, () => method.apply(self, args), args);
-  if (spec.asyncGenerator) return lockedAsyncGenerator(locks, spec, () => method.apply(self, args) as AsyncGenerator<unknown, unknown, unknown>, args);
-  return lockedPromise(locks, spec, () => method.apply(self, args), args);
+  const key = () => spec.keyOf(args, self);
+  if (spec.observable) return lockedObservable(locks, spec, () => method.apply(self, args), key);
+  if (spec.asyncGenerator) return lockedAsyncGenerator(locks, spec, () => method.apply(self, args) as AsyncGenerator<unknown, unknown, unknown>, key);
+  return lockedPromise(locks, spec, () => method.apply(self, args), key);
 }
 
-async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => unknown, args: unknown[]): Promise<unknown> {
-  const handle = await enter(locks, spec, args);
+async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => unknown, key: () => string | string[]): Promise<unknown> {
+  const handle = await enter(locks, spec, key);
   if (!handle) return undefined;
   let result: unknown;
   try {
@@ -69,7 +70,7 @@ async function lockedPromise(locks: LockService, spec: LockedSpec, call: () => u
  * Takes the lock when subscribed; releases it on complete, error or unsubscribe (a client that
  * goes away). A subscriber that leaves while the lock is still awaited ends that wait at once.
  */
-function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unknown, args: unknown[]): Observable<unknown> {
+function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unknown, key: () => string | string[]): Observable<unknown> {
   return new Observable<unknown>((subscriber) => {
     let inner: Subscription | undefined;
     let finished = false;
@@ -82,7 +83,7 @@ function lockedObservable(locks: LockService, spec: LockedSpec, call: () => unkn
       inner?.unsubscribe();
       if (handle) void leave(locks, spec, handle);
     };
-    enter(locks, spec, args, unsubscribed.signal).then(
+    enter(locks, spec, key, unsubscribed.signal).then(
       (taken) => {
         if (!taken) return subscriber.complete(); // skipped: nothing to emit
         handle = taken;
@@ -112,9 +113,9 @@ async function* lockedAsyncGenerator(
   locks: LockService,
   spec: LockedSpec,
   call: () => AsyncGenerator<unknown, unknown, unknown>,
-  args: unknown[],
+  key: () => string | string[],
 ): AsyncGenerator<unknown, unknown, unknown> {
-  const handle = await enter(locks, spec, args);
+  const handle = await enter(locks, spec, key);
   if (!handle) return undefined; // skipped: nothing to yield
   try {
     const inner = handle.run(call);
@@ -151,9 +152,9 @@ function holdWhileSubscribed(source: Observable<unknown>, release: () => Promise
 /** One lock, or the group of a multi-key lock. */
 type Held = LockHandle | LockGroup;
 
-/** Takes the lock per the contention policy; `undefined` when the call is skipped. `signal` ends a wait. */
-async function enter(locks: LockService, spec: LockedSpec, args: readonly unknown[], signal?: AbortSignal): Promise<Held | undefined> {
-  const key = spec.keyOf(args);
+/** Takes the lock of `keyOf()` per the contention policy; `undefined` when the call is skipped. `signal` ends a wait. */
+async function enter(locks: LockService, spec: LockedSpec, keyOf: () => string | string[], signal?: AbortSignal): Promise<Held | undefined> {
+  const key = keyOf();
   const plan = locks.lockedPlan(spec);
   const acquire = signal ? { ...plan.acquire, signal } : plan.acquire;
   if (plan.policy !== 'skip') return locks.acquireResolved(key, acquire, spec.where);

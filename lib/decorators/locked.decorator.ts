@@ -21,9 +21,9 @@ const injected = new WeakSet<object>();
 
 /**
  * A key template, several of them (a multi-key lock), or a function of the method's arguments
- * that returns a key or several.
+ * that returns a key or several. A key function written with `function` gets the instance as `this`.
  */
-export type LockedKey = string | readonly string[] | ((...args: any[]) => string | readonly string[]);
+export type LockedKey = string | readonly string[] | ((this: any, ...args: any[]) => string | readonly string[]);
 
 /**
  * Runs the method under a reentrant Redis lock whose key is built from the arguments it receives
@@ -168,8 +168,8 @@ function buildSpec(
       options: validated,
       observable,
       asyncGenerator,
-      keyOf: (args) => {
-        const value = keyFunction(...args);
+      keyOf: (args, self) => {
+        const value = keyFunction.apply(self, args as unknown[]);
         if (Array.isArray(value)) return canonicalKeys(value, `${where} (key function)`);
         assertLockKey(value, `${where} (key function)`);
         return value;

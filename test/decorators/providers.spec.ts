@@ -47,6 +47,16 @@ class Ledger {
     return this.locks.current()?.key;
   }
 
+  /** The ledger's own book, which a key function reads through `this`. */
+  readonly book = 'eu-book';
+
+  @Locked(function (this: Ledger, account: string) {
+    return `${this.book}:${account}`;
+  })
+  async postToBook(account: string) {
+    return this.locks.current()?.key;
+  }
+
   @Locked('report:<0>', { onContention: 'skip' })
   async report(day: string) {
     return `report ${day}`;
@@ -127,6 +137,10 @@ describe('@Locked on provider methods called directly', () => {
 
   it('takes the key from a key function', async () => {
     expect(await ledger.ship({ region: 'eu', id: 5 })).toBe('order:eu:5');
+  });
+
+  it('calls a key function written with function with the instance as this', async () => {
+    expect(await ledger.postToBook('A7')).toBe('eu-book:A7');
   });
 
   it('skips the method when another owner holds the lock, returning undefined and logging at debug', async () => {
