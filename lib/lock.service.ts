@@ -47,6 +47,9 @@ const MIN_ATTEMPT_MS = 1_000;
  * to run late.
  */
 const STEP_TIMEOUT_MS = 1_000;
+/** What to do about `LockModule.forRoot()` imported more than once (the bootstrap warning and the refusal of refuseOwnLock). */
+const IMPORT_ONCE = 'Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.';
+
 /** See createStore(). */
 const OWNED_DISCONNECT_TIMEOUT_MS = 100;
 /** The ioredis options of a connection nestjs-locked owns (see connect()). */
@@ -167,7 +170,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       `LockModule.forRoot() is imported ${all.length} times in this application: each import makes a LockService of its own, ` +
         `with its own connections (on the memory store, its own locks, which never exclude another import's), and a lock is reentrant only through the LockService that took it ` +
         `(a nested acquisition of a key its caller holds through another import fails with a LockConfigurationError). ` +
-        `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
+        IMPORT_ONCE,
     );
   }
 
@@ -936,7 +939,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     throw new LockConfigurationError(
       'LockModule',
       `Lock "${key}" is held by this same call, through another LockService: LockModule.forRoot() is imported more than once in this application, each import makes a LockService of its own, and a lock is reentrant only through the LockService that took it, so this acquisition would wait for its own caller's lock. ` +
-        `Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.`,
+        IMPORT_ONCE,
     );
   }
 

@@ -64,13 +64,14 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
     if (isStatic) {
       throw new LockConfigurationError('@Locked', `${where}: @Locked needs an instance method of a Nest provider or controller, not a static method.`);
     }
-    if (Object.getPrototypeOf(method) === GENERATOR_FUNCTION) {
+    const kind: unknown = Object.getPrototypeOf(method);
+    if (kind === GENERATOR_FUNCTION) {
       throw new LockConfigurationError(
         '@Locked',
         `${where}: a generator method runs its body only as it is iterated, after the call has returned, and taking a lock is asynchronous, so @Locked cannot hold a lock around it. Make it an async generator (async *${String(propertyKey)}()), which @Locked locks from the first next() until it finishes or is closed.`,
       );
     }
-    const spec = buildSpec(key, options, where, target, propertyKey, Object.getPrototypeOf(method) === ASYNC_GENERATOR_FUNCTION);
+    const spec = buildSpec(key, options, where, target, propertyKey, kind === ASYNC_GENERATOR_FUNCTION);
     // Where Nest passes the call site of a handler call (see lock-call-site.ts); undefined: the
     // interceptor translates lock failures instead.
     const siteIndex = declareCallSite(target, propertyKey, method as (...a: unknown[]) => unknown);
