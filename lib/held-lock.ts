@@ -34,7 +34,7 @@ export class HeldLock {
     private readonly drift: (leaseMs: number) => number = () => 0,
     /** Taken in fair mode. */
     readonly fair = false,
-    /** The clock of its deadlines (LockStore.clock). */
+    /** The clock of its deadlines (LockStore.time). */
     private readonly clock: Clock = now,
   ) {
     this.acquiredAt = clock();

@@ -12,7 +12,7 @@ import { LockLostError, type LockLossReason } from './errors/lock-lost.error.js'
 import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
 import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
-import { now, withTimeout, type Clock } from './internal/time.js';
+import { realTime, withTimeout, type Clock, type Time } from './internal/time.js';
 import { OutageLog } from './internal/outage-log.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
 import type { LockContext } from './lock-context.js';
@@ -77,7 +77,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private readonly logger = new Logger('LockService');
   private readonly options: ResolvedModuleOptions;
   private readonly store: LockStore;
-  /** The clock of every local deadline of this service's locks (see LockStore.clock). */
+  /** The clock of every local deadline of this service's locks, and the timers that wait for them (see LockStore.time). */
+  private readonly time: Time;
   private readonly clock: Clock;
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
@@ -120,7 +121,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   ) {
     this.options = resolveModuleOptions(options);
     this.store = this.createStore();
-    this.clock = this.store.clock ?? now;
+    this.time = this.store.time ?? realTime;
+    this.clock = this.time.now;
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
       group: (lock) => this.store.renewalGroup?.(lock.key) ?? 0,
@@ -134,7 +136,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (!this.events.observed) return;
         for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
       },
-    }, this.clock);
+    }, this.time);
   }
 
   /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */
@@ -438,7 +440,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           // Watch the key that blocks us, then try again before sleeping (no release can slip by).
           watch?.on.close();
           watch = { key: result.blockedBy, on: this.store.watch(result.blockedBy, context.owner) };
-          await withTimeout(watch.on.ready, deadline - this.clock(), () => new Error('subscribe timed out')).catch(() => undefined);
+          await withTimeout(watch.on.ready, deadline - this.clock(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
           continue;
         }
         const remaining = deadline - this.clock();
@@ -621,7 +623,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       let woken = false;
       let granted = false;
       try {
-        await withTimeout(watch.ready, deadline - this.clock(), () => new Error('subscribe timed out')).catch(() => undefined);
+        await withTimeout(watch.ready, deadline - this.clock(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
         for (;;) {
           o.signal?.throwIfAborted();
           if (this.closing) throw shutDown(key);
@@ -799,7 +801,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
     const limit = Math.max(deadline - start, MIN_ATTEMPT_MS + (this.store.confirmMs ?? 0));
-    return withTimeout(request, limit, () => new AttemptTimeout(limit)).catch((error: unknown) => {
+    return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
         request.then(giveBack, () => undefined).then(undefined, () => undefined);
       }
@@ -1047,7 +1049,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private step<T>(request: Promise<T>): Promise<T> {
     if (this.store.boundsSteps) return request;
     const limit = STEP_TIMEOUT_MS + (this.store.confirmMs ?? 0);
-    return withTimeout(request, limit, () => new AttemptTimeout(limit));
+    return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time);
   }
 
   private emit(event: LockEvent): void {

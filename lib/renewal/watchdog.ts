@@ -1,5 +1,5 @@
 import type { HeldLock } from '../held-lock.js';
-import { now, type Clock } from '../internal/time.js';
+import { realTime, type Time, type Timer } from '../internal/time.js';
 
 /** What the watchdog asks of the service that owns it. Each hook must not throw. */
 export interface WatchdogHooks {
@@ -28,15 +28,18 @@ export interface WatchdogHooks {
  */
 export class Watchdog {
   private readonly locks = new Set<HeldLock>();
-  private timer: NodeJS.Timeout | undefined;
+  private timer: Timer | undefined;
   private wakeAt = Infinity;
   private stopped = false;
+  private readonly now: Time['now'];
 
   constructor(
     private readonly hooks: WatchdogHooks,
-    /** The clock of the locks' deadlines (LockStore.clock). */
-    private readonly now: Clock = now,
-  ) {}
+    /** The clock of the locks' deadlines and the timer that waits for them (LockStore.time). */
+    private readonly time: Time = realTime,
+  ) {
+    this.now = time.now;
+  }
 
   get size(): number {
     return this.locks.size;
@@ -78,16 +81,16 @@ export class Watchdog {
   }
 
   private clear(): void {
-    if (this.timer) clearTimeout(this.timer);
+    if (this.timer) this.time.clearTimeout(this.timer);
     this.timer = undefined;
     this.wakeAt = Infinity;
   }
 
   private schedule(at: number): void {
     if (this.stopped || at >= this.wakeAt) return;
-    if (this.timer) clearTimeout(this.timer);
+    if (this.timer) this.time.clearTimeout(this.timer);
     this.wakeAt = at;
-    this.timer = setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - this.now())));
+    this.timer = this.time.setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - this.now())));
     // A held lock alone never keeps the process alive; its lease frees it if the process exits.
     this.timer.unref();
   }

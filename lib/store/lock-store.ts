@@ -1,4 +1,4 @@
-import type { Clock } from '../internal/time.js';
+import type { Time } from '../internal/time.js';
 /**
  * What LockService needs from a backend. Keys here are the caller's lock keys; a store decides how
  * they are named in its backend. Owners are opaque strings. Every method is one atomic step on the
@@ -93,12 +93,14 @@ export interface LockStore {
   readonly confirmMs?: number;
 
   /**
-   * The clock of local deadlines (leases, waits, renewals, `minHoldMs`) for locks of this store.
-   * Default: the monotonic clock of `node:perf_hooks`, which fake timers leave alone, as Redis's
-   * leases run on real time. The memory store, whose leases live in this process, uses the global
-   * `performance.now()`, so that a test's fake timers move its leases and the timers that wait for them alike.
+   * The clock of local deadlines (leases, waits, renewals, `minHoldMs`) for locks of this store, and
+   * the timers that wait for them (the watchdog, waits, the bounds on steps). Default: real time
+   * (`node:perf_hooks` and `node:timers`, which fake timers leave alone), as Redis's leases run on
+   * real time. The memory store, whose leases live in this process, uses the globals
+   * (`performance.now()`, `setTimeout`), so that a test's fake timers move its leases and the timers
+   * that wait for them alike.
    */
-  readonly clock?: Clock;
+  readonly time?: Time;
   /** How much of a lease to take off local deadlines for clock drift (Redlock). Default 0. */
   driftMs?(leaseMs: number): number;
 

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { realTime, type Time } from '../internal/time.js';
 import type { Handover, ReleaseWatch } from '../store/lock-store.js';
 
 /** How many releases of one key in a row may take a waiter of the releasing process along (see `wakeBehindRelease`). */
@@ -29,6 +30,9 @@ export class ReleaseWaiters {
   private readonly idPrefix = randomBytes(6).toString('base64url');
   private waitCount = 0;
 
+  /** `time`: the timers of the waiters' lease-bounded sleeps (the store's, see LockStore.time). */
+  constructor(private readonly time: Time = realTime) {}
+
   /**
    * Joins the queue of `key` as `owner`; `listening` as in ReleaseWatch. The caller must `close()`
    * the returned watch. `handoverLeaseMs`: this wait may be handed the lock inside a release of this
@@ -47,7 +51,7 @@ export class ReleaseWaiters {
       if (q.members.length === 0) this.queues.delete(key);
       else q.pendingWakes = Math.min(q.pendingWakes, q.members.length);
       onLeave?.();
-    }, () => this.notify(key), handoverLeaseMs);
+    }, () => this.notify(key), this.time, handoverLeaseMs);
     queue.members.push(waiter);
     return waiter;
   }
@@ -202,6 +206,7 @@ class Waiter implements ReleaseWatch {
     readonly listening: Promise<boolean>,
     private readonly leave: () => void,
     private readonly wakeNext: () => void,
+    private readonly time: Time,
     /** The lease a release of this process may hand this wait the lock with; undefined: never handed one. */
     readonly handoverLeaseMs?: number,
   ) {
@@ -247,11 +252,11 @@ class Waiter implements ReleaseWatch {
     }
     return new Promise((resolve) => {
       const onAbort = () => finish('aborted');
-      const timer = setTimeout(() => finish('timeout'), Math.max(0, Math.min(timeoutMs, 2_147_483_647)));
+      const timer = this.time.setTimeout(() => finish('timeout'), Math.max(0, Math.min(timeoutMs, 2_147_483_647)));
       const finish = (how: Wake) => {
         if (this.settle !== finish) return;
         this.settle = undefined;
-        clearTimeout(timer);
+        this.time.clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
         resolve(how);
       };

@@ -3,14 +3,14 @@ import { Injectable } from '@nestjs/common';
 import { Cron, ScheduleModule } from '@nestjs/schedule';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, type Subscription } from 'rxjs';
-import { Locked, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
-import { CapturingLogger, elsewhere, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { Locked, LockBackendError, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
+import { CapturingLogger, elsewhere, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 /**
  * LockTestingModule under Jest's fake timers, the way apps test their scheduled jobs: the memory
  * store's leases, `minHoldMs`, waits and renewals all follow the fake clock, as the timers that wait
- * for them do. (The Redis stores keep the real clock: Redis's leases run on real time.)
+ * for them do. (The Redis stores keep real time, clock and timers: Redis's leases run on real time.)
  */
 const ticks: { instance: string; at: string }[] = [];
 
@@ -133,4 +133,50 @@ describe("LockModule on Redis under Jest's fake timers", () => {
     await lock.release();
     expect(await app.locks.isLocked('redis:held')).toBe(false);
   });
+  it('renews a watchdog lock on real time while the test does not advance fake time', async () => {
+    jest.useFakeTimers();
+    const lock = await app.locks.acquire('redis:real-renewal', { leaseMs: 300, watchdog: true });
+    await nextEvents(app.locks.events$.pipe(filter((e) => e.key === 'redis:real-renewal')), 'renewed', 3, 5_000);
+    expect(lock.isHeld).toBe(true);
+    await lock.release();
+  }, 10_000);
+
+  it('ends a wait after waitMs of real time while the test does not advance fake time', async () => {
+    jest.useFakeTimers();
+    const holder = await app.locks.acquire('redis:real-wait');
+    const outcome = await elsewhere(() => app.locks.acquire('redis:real-wait', { waitMs: 300 })).catch((e: unknown) => e);
+    expect(outcome).toBeInstanceOf(LockNotAcquiredError);
+    await holder.release();
+  }, 10_000);
+  it("bounds its steps on real time: fake time jumping past the 1 s bound while a release is in flight fails nothing", async () => {
+    const raw = redis.shared();
+    await raw.ping(); // connected before the timers are faked: ioredis's own connect waits on timers
+    jest.useFakeTimers();
+    const lock = await app.locks.acquire('redis:bounded');
+    const releasing = lock.release();
+    jest.advanceTimersByTime(5_000); // the release's reply is still to be read
+    await releasing;
+    expect(await raw.exists('lock:{redis:bounded}')).toBe(0);
+  }, 10_000);
+  it('fails a bootstrap under fake timers after connectTimeoutMs of real time: ioredis waits for the faked process.nextTick to connect', async () => {
+    jest.useFakeTimers();
+    const started = await startLockApp({ redis: redis.url, connectTimeoutMs: 1_000 }).then(
+      (other) => other,
+      (error: unknown) => error,
+    );
+    expect(started).toBeInstanceOf(LockBackendError);
+    expect((started as LockBackendError).message).toContain('no answer');
+  }, 10_000);
+
+  it("bootstraps and locks under fake timers that leave process.nextTick real (doNotFake: ['nextTick'])", async () => {
+    jest.useFakeTimers({ doNotFake: ['nextTick'] });
+    const other = await startLockApp({ redis: redis.url, connectTimeoutMs: 1_000 });
+    try {
+      const lock = await other.locks.acquire('redis:booted');
+      expect(await elsewhere(() => app.locks.tryAcquire('redis:booted'))).toBeNull();
+      await lock.release();
+    } finally {
+      await other.close();
+    }
+  }, 10_000);
 });

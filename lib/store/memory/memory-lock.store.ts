@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import { globalNow } from '../../internal/time.js';
+import { globalTime } from '../../internal/time.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest } from '../lock-store.js';
 import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
@@ -17,13 +17,13 @@ export class MemoryLockStore implements LockStore {
   readonly description = 'in-process memory store (not distributed)';
   /** Every step answers at once: nothing to bound. */
   readonly boundsSteps = true;
-  /** Leases live in this process: a test's fake timers move them (see LockStore.clock). */
-  readonly clock = globalNow;
+  /** Leases live in this process: a test's fake timers move them, and the timers that wait for them (see LockStore.time). */
+  readonly time = globalTime;
   private readonly locks = new Map<string, MemoryLock>();
   private readonly fences = new Map<string, { last: number; expiresAt: number }>();
   private readonly queues = new Map<string, Map<string, number>>(); // fair: owner -> place deadline, in order
   private readonly writers = new Map<string, Map<string, number>>(); // waiting writers -> place deadline
-  private readonly waiters = new ReleaseWaiters();
+  private readonly waiters = new ReleaseWaiters(globalTime);
 
   async ready(): Promise<void> {}
 
@@ -232,8 +232,8 @@ class MemoryLock {
   }
 }
 
-/** The clock of the memory store's leases and queue places (see LockStore.clock). */
-const clock = globalNow;
+/** The clock of the memory store's leases and queue places (see LockStore.time). */
+const clock = globalTime.now;
 
 function holderField(owner: string, mode: LockMode): string {
   return mode === 'read' ? `${owner}:read` : owner;

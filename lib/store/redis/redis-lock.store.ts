@@ -1,7 +1,7 @@
 import type { Cluster, Redis } from 'ioredis';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
-import { now, withTimeout } from '../../internal/time.js';
+import { now, realTime, withTimeout } from '../../internal/time.js';
 import {
   ACQUIRE,
   ACQUIRE_FAIR,
@@ -661,7 +661,7 @@ export class RedisLockStore implements LockStore {
     this.unsubscribeSoon.add(channel);
     if (this.unsubscribeScheduled) return;
     this.unsubscribeScheduled = true;
-    setImmediate(() => this.unsubscribeIdle());
+    realTime.setImmediate(() => this.unsubscribeIdle());
   }
 
   private unsubscribeIdle(): void {

@@ -1,7 +1,7 @@
 import type { AcquireRequest, AcquireResult, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import type { RedisLockStore } from '../redis/redis-lock.store.js';
 import { LockQuorumError, type RedlockVote } from '../../errors/lock-quorum.error.js';
-import { now, withTimeout } from '../../internal/time.js';
+import { now, realTime, withTimeout } from '../../internal/time.js';
 
 /** One Redlock node: an independent master with its own store (scripts, release channel). */
 export interface RedlockNode {
@@ -67,14 +67,14 @@ export class RedlockStore implements LockStore {
     let ok = 0;
     let settled = 0;
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(this.quorumError('bootstrap', '', answers)), timeoutMs);
+      const timer = realTime.setTimeout(() => reject(this.quorumError('bootstrap', '', answers)), timeoutMs);
       timer.unref();
       this.nodes.forEach((node, i) => {
         node.store.ready(timeoutMs).then(
           () => {
             answers[i] = { ok: true, value: undefined };
             if (++ok === this.quorum) {
-              clearTimeout(timer);
+              realTime.clearTimeout(timer);
               resolve();
             }
           },
@@ -83,7 +83,7 @@ export class RedlockStore implements LockStore {
           },
         ).finally(() => {
           if (++settled === this.nodes.length && ok < this.quorum) {
-            clearTimeout(timer);
+            realTime.clearTimeout(timer);
             reject(this.quorumError('bootstrap', '', answers));
           }
         });
