@@ -292,7 +292,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   async holdCount(key: string, options?: Pick<LockOptions, 'owner' | 'mode'>): Promise<number> {
     assertLockKey(key, 'LockService.holdCount()');
     const o = resolveLockOptions(options, this.options, 'LockService.holdCount()');
-    const owner = o.owner ?? this.contexts.getStore()?.owner;
+    const owner = o.owner ?? this.liveContext()?.owner;
     if (owner === undefined) return 0;
     return (await this.inspect(key, owner, 'holdCount', o.mode)).holdCount;
   }
@@ -493,7 +493,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /** @internal A skipped `@Locked` call. */
   noteSkipped(key: string, method: string): void {
-    const owner = this.contexts.getStore()?.owner ?? '';
+    const owner = this.liveContext()?.owner ?? '';
     this.logger.debug(`${method} skipped: "${key}" is held by another owner`);
     this.emit({ type: 'skipped', key, owner, method });
   }
@@ -581,7 +581,22 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   private contextFor(o: ResolvedLockOptions): LockContext {
     if (o.owner !== undefined) return { owner: o.owner };
-    return this.contexts.getStore() ?? { owner: `${this.ownerPrefix}${++this.contextCount}` };
+    return this.liveContext() ?? { owner: `${this.ownerPrefix}${++this.contextCount}` };
+  }
+
+  /**
+   * The calling context while it still belongs to a held lock: one of its handles, or an outer
+   * context's, not yet released. Work that outlives its lock keeps the context it started in (a
+   * timer, a socket, a consumer's callbacks created inside the lock run in it after the release);
+   * two such callbacks would otherwise share one owner and re-enter each other's locks, so each
+   * acquisition they make starts an owner of its own, as outside any lock.
+   */
+  private liveContext(): LockContext | undefined {
+    const context = this.contexts.getStore();
+    for (let c = context; c; c = c.parent) {
+      if (c.group ? c.group.handles.some((h) => !h.released) : c.handle !== undefined && !c.handle.released) return context;
+    }
+    return undefined;
   }
 
   /** @internal */

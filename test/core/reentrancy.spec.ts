@@ -1,4 +1,5 @@
 import { AsyncResource } from 'node:async_hooks';
+import { EventEmitterAsyncResource } from 'node:events';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
@@ -69,6 +70,33 @@ describe('owners and reentrancy', () => {
       expect(nested.holdCount).toBe(2);
       await nested.release();
     });
+  });
+
+  it('gives work that outlives its lock an owner per acquisition: two callbacks of a consumer started inside a released lock contend', async () => {
+    // A consumer (a socket, a queue client) created inside a lock runs its callbacks in that lock's
+    // context, also after the release; they are independent messages, not the lock's own work.
+    const consumer = await app.locks.run('consumer:start', async () => new EventEmitterAsyncResource({ name: 'consumer' }));
+    const handled: Promise<LockHandle | null>[] = [];
+    consumer.on('message', (key: string) => handled.push(app.locks.tryAcquire(key)));
+    consumer.emit('message', 'order:1');
+    const first = await handled[0];
+    expect(first?.holdCount).toBe(1);
+    consumer.emit('message', 'order:1');
+    expect(await handled[1]).toBeNull(); // not a re-entry of the first message's lock
+    expect(await consumer.asyncResource.runInAsyncScope(() => app.locks.holdCount('order:1'))).toBe(0);
+    expect(consumer.asyncResource.runInAsyncScope(() => app.locks.current())).toBeUndefined();
+    await first!.release();
+    expect(await app.locks.isLocked('order:1')).toBe(false);
+  });
+
+  it('lets work started inside a lock share its owner while the lock is held, also when the inner lock it started in was released', async () => {
+    await app.locks.run('outer:live', async () => {
+      const consumer = await app.locks.run('inner:done', async () => new EventEmitterAsyncResource({ name: 'consumer' }));
+      const nested = await consumer.asyncResource.runInAsyncScope(() => app.locks.acquire('outer:live', { waitMs: 0 }));
+      expect(nested.holdCount).toBe(2);
+      await nested.release();
+    });
+    expect(await app.locks.isLocked('outer:live')).toBe(false);
   });
 
   it('runs run() inside run() on the same key', async () => {
