@@ -1,8 +1,9 @@
-// The oldest Node.js the package accepts (package.json `engines.node`, ">=20.19" → 20.19.0), for
-// running tests on it. Node's own binaries are published on the npm registry as
-// node-<platform>-<arch> (the packages behind npm's `node` package), so this needs nothing the
-// install does not already need. Fetched once into .tmp/node-v<version>/.
-//   import { floorNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
+// The oldest Node.js the package accepts (package.json `engines.node`, ">=20.19" → 20.19.0), and
+// the newest one pinned here (NEWEST_NODE), for running tests on them. Node's own binaries are
+// published on the npm registry as node-<platform>-<arch> (the packages behind npm's `node`
+// package), so this needs nothing the install does not already need. Fetched once into
+// .tmp/node-v<version>/.
+//   import { floorNode, newestNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
 //   node scripts/node-floor.mjs                  → prints { version, node, bin } as JSON
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
@@ -20,12 +21,29 @@ export function floorVersion() {
 }
 
 /**
+ * The newest Node release the suite also runs on (the newest on the npm registry when it was
+ * pinned, 2026-11-26): the floor says what the package still accepts, this what most apps run.
+ */
+export const NEWEST_NODE = '26.12.1';
+
+/**
  * The floor Node's binary, fetched from the npm registry on first use, or the one `NODE_FLOOR`
  * names (for platforms whose binaries the registry lacks: it has none for macOS on Arm after 18.9).
  */
 export function floorNode() {
   const version = floorVersion();
   if (process.env.NODE_FLOOR) return checked(version, process.env.NODE_FLOOR);
+  return fetchedNode(version, 'NODE_FLOOR');
+}
+
+/** The NEWEST_NODE binary, fetched like the floor's, or the one `NODE_NEWEST` names. */
+export function newestNode() {
+  if (process.env.NODE_NEWEST) return checked(NEWEST_NODE, process.env.NODE_NEWEST);
+  return fetchedNode(NEWEST_NODE, 'NODE_NEWEST');
+}
+
+/** Node `version` from the npm registry (node-<platform>-<arch>), kept in .tmp/node-v<version>/. */
+function fetchedNode(version, variable) {
   const dir = join(root, '.tmp', `node-v${version}`);
   const node = process.platform === 'win32' ? join(dir, 'node.exe') : join(dir, 'bin', 'node');
   if (!existsSync(node)) {
@@ -39,7 +57,7 @@ export function floorNode() {
     } catch (error) {
       throw new Error(
         `could not fetch Node ${version} (${spec}) from the npm registry: ${error.stderr || error.message}\n` +
-          `Install Node ${version} another way (for example \`nvm install ${version}\`) and set NODE_FLOOR to its node binary.`,
+          `Install Node ${version} another way (for example \`nvm install ${version}\`) and set ${variable} to its node binary.`,
       );
     }
     const tarball = join(dir, packed[0].filename);
@@ -51,7 +69,7 @@ export function floorNode() {
 
 function checked(version, node) {
   const reported = execFileSync(node, ['--version'], { encoding: 'utf8' }).trim();
-  if (reported !== `v${version}`) throw new Error(`${node} reports ${reported}; the floor test needs v${version}`);
+  if (reported !== `v${version}`) throw new Error(`${node} reports ${reported}; the test needs v${version}`);
   return { version, node, bin: dirname(node) };
 }
 
