@@ -135,7 +135,7 @@ describe("LockModule on Redis under Jest's fake timers", () => {
   });
   it('renews a watchdog lock on real time while the test does not advance fake time', async () => {
     jest.useFakeTimers();
-    const lock = await app.locks.acquire('redis:real-renewal', { leaseMs: 300, watchdog: true });
+    const lock = await app.locks.acquire('redis:real-renewal', { leaseMs: 1_000, watchdog: true });
     await nextEvents(app.locks.events$.pipe(filter((e) => e.key === 'redis:real-renewal')), 'renewed', 3, 5_000);
     expect(lock.isHeld).toBe(true);
     await lock.release();
