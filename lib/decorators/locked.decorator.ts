@@ -98,7 +98,7 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
       if (!(locks instanceof LockService)) {
         const error = new LockConfigurationError(
           '@Locked',
-          `${where}: the LockService injected into this instance is not nestjs-locked's LockService but ${describeInjected(locks)}: a test replaced it (overrideProvider(LockService), or a provider { provide: LockService, useValue }). ` +
+          `${where}: the LockService injected into this instance is not nestjs-locked's LockService but ${describeInjected(locks)}: a test replaced it (overrideProvider(LockService), a provider { provide: LockService, useValue }, or an automatic mock from useMocker()). ` +
             `@Locked needs the real one: import LockTestingModule.forRoot() in the test instead of a mock (the same LockService on an in-process store, no Redis needed).`,
         );
         return failed(spec, error);

@@ -315,6 +315,19 @@ describe('@Locked with a LockService a test replaced by a mock', () => {
     await expect(moduleRef.get(Payments).pay('1')).rejects.toThrow(says);
     await moduleRef.close();
   });
+
+  it("fails the same way with an automatic mock from useMocker() (a Proxy whose every property is a function, as @golevelup/ts-jest's createMock makes), and names useMocker", async () => {
+    let calls = 0;
+    const autoMock = () =>
+      new Proxy({}, { get: (_target, property) => (property === 'then' ? undefined : (..._args: unknown[]) => (calls++, undefined)) });
+    const moduleRef = await Test.createTestingModule({ providers: [Payments] }).useMocker(autoMock).compile();
+    const failure = await moduleRef.get(Payments).pay('1').then(() => undefined, (error: unknown) => error);
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+    expect((failure as Error).message).toMatch(says);
+    expect((failure as Error).message).toContain('useMocker()');
+    expect(calls).toBe(0);
+    await moduleRef.close();
+  });
 });
 
 describe('@Locked with a decorator that wraps the method itself (a transaction)', () => {
