@@ -4,7 +4,7 @@
 // package), so this needs nothing the install does not already need. Fetched once into
 // .tmp/node-v<version>/.
 //   import { floorNode, newestNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
-//   node scripts/node-floor.mjs                  → prints { version, node, bin } as JSON
+//   node scripts/node-floor.mjs [newest]         → prints { version, node, bin } as JSON
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -73,4 +73,4 @@ function checked(version, node) {
   return { version, node, bin: dirname(node) };
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) console.log(JSON.stringify(floorNode()));
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) console.log(JSON.stringify(process.argv[2] === 'newest' ? newestNode() : floorNode()));
