@@ -158,6 +158,22 @@ describe('@Locked on an async generator method', () => {
     expect(await locks.isLocked('export:E')).toBe(false);
   });
 
+  it("makes the caller's own @Locked call on the same key, between two items, wait for the generator's lock; taken around the loop, the lock is re-entered by both", async () => {
+    // The body of the caller's for await runs in the caller's context, not the lock's: another owner.
+    const between: unknown[] = [];
+    for await (const _row of exports.rows('J', 1)) between.push(await exports.count('J').catch((error: unknown) => error));
+    expect(between).toHaveLength(1);
+    expect(between[0]).toBeInstanceOf(LockNotAcquiredError); // after waitMs (200 ms)
+    // With the lock taken around the loop, the generator and the call in the loop's body re-enter it.
+    const inside = await locks.run('export:J', async () => {
+      const counts: unknown[] = [];
+      for await (const _row of exports.rows('J', 1)) counts.push(await exports.count('J'));
+      return counts;
+    });
+    expect(inside).toEqual([{ name: 'J', holdCount: 3 }]);
+    expect(await locks.isLocked('export:J')).toBe(false);
+  });
+
   it("passes the method's error to the caller unchanged and releases", async () => {
     const failing = exports.failing('F');
     expect((await failing.next()).value).toBe(1);
