@@ -12,7 +12,7 @@ import { LockLostError, type LockLossReason } from './errors/lock-lost.error.js'
 import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
 import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
-import { realTime, withTimeout, type Clock, type Time } from './internal/time.js';
+import { realTime, withTimeout, type Time } from './internal/time.js';
 import { OutageLog } from './internal/outage-log.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
 import type { LockContext } from './lock-context.js';
@@ -79,7 +79,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private readonly store: LockStore;
   /** The clock of every local deadline of this service's locks, and the timers that wait for them (see LockStore.time). */
   private readonly time: Time;
-  private readonly clock: Clock;
   private readonly watchdog: Watchdog;
   private readonly contexts = new AsyncLocalStorage<LockContext>();
   private readonly held = new Map<string, HeldLock>();
@@ -122,7 +121,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     this.options = resolveModuleOptions(options);
     this.store = this.createStore();
     this.time = this.store.time ?? realTime;
-    this.clock = this.time.now;
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
       group: (lock) => this.store.renewalGroup?.(lock.key) ?? 0,
@@ -404,7 +402,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const acquireMany = (this.store.groupsAtomically?.(keys) ?? true) ? this.store.acquireMany?.bind(this.store) : undefined;
     if (!acquireMany) return this.takeOneByOne(keys, o, context);
     o.signal?.throwIfAborted();
-    const started = this.clock();
+    const started = this.time.now();
     const deadline = started + o.waitMs;
     let watch: { key: string; on: ReleaseWatch } | undefined;
     let contended = false;
@@ -414,7 +412,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       for (;;) {
         o.signal?.throwIfAborted();
         if (this.closing) throw shutDown(keys.join(', '));
-        const start = this.clock();
+        const start = this.time.now();
         const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, this.countHolds), start, deadline, keys.join(', '), (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
@@ -435,18 +433,18 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           if (o.waitMs > 0) await this.refuseOwnLock(result.blockedBy, context.owner, o);
           this.emit({ type: 'contended', key: result.blockedBy, owner: context.owner, retryAfterMs });
         }
-        if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.clock() - started, 'contended');
+        if (o.waitMs === 0) throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.time.now() - started, 'contended');
         if (watch?.key !== result.blockedBy) {
           // Watch the key that blocks us, then try again before sleeping (no release can slip by).
           watch?.on.close();
           watch = { key: result.blockedBy, on: this.store.watch(result.blockedBy, context.owner) };
-          await withTimeout(watch.on.ready, deadline - this.clock(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
+          await withTimeout(watch.on.ready, deadline - this.time.now(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
           continue;
         }
-        const remaining = deadline - this.clock();
+        const remaining = deadline - this.time.now();
         if (remaining <= 0) {
-          this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: this.clock() - started });
-          throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.clock() - started, 'timeout');
+          this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: this.time.now() - started });
+          throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.time.now() - started, 'timeout');
         }
         const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), signal);
         if (how === 'aborted') o.signal?.throwIfAborted();
@@ -459,10 +457,10 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /** The group path for stores without an atomic multi-key step: canonical order, rollback on failure. */
   private async takeOneByOne(keys: readonly string[], o: ResolvedLockOptions, context: LockContext): Promise<LockGroup> {
-    const deadline = this.clock() + o.waitMs;
+    const deadline = this.time.now() + o.waitMs;
     const handles: LockHandle[] = [];
     try {
-      for (const key of keys) handles.push(await this.take(key, { ...o, waitMs: Math.max(0, deadline - this.clock()) }, context));
+      for (const key of keys) handles.push(await this.take(key, { ...o, waitMs: Math.max(0, deadline - this.time.now()) }, context));
     } catch (error) {
       // All at once, as a group's release: a Redis that stopped answering costs one bound, not one per key.
       await Promise.all(handles.reverse().map((handle) => this.releaseQuietly(handle)));
@@ -592,11 +590,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * acquisition they make starts an owner of its own, as outside any lock.
    */
   private liveContext(): LockContext | undefined {
-    const context = this.contexts.getStore();
-    for (let c = context; c; c = c.parent) {
-      if (c.group ? c.group.handles.some((h) => !h.released) : c.handle !== undefined && !c.handle.released) return context;
-    }
-    return undefined;
+    return this.current() === undefined ? undefined : this.contexts.getStore();
   }
 
   /** @internal */
@@ -619,7 +613,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     o.signal?.throwIfAborted();
     this.acquiring++;
     try {
-      const started = this.clock();
+      const started = this.time.now();
       const deadline = started + o.waitMs;
       let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
       if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
@@ -629,7 +623,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       this.emit({ type: 'contended', key, owner: context.owner, retryAfterMs: retryAfter(attempt.result) });
       if (o.waitMs === 0) {
         await this.abandon(key, context.owner, o);
-        throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.clock() - started, 'contended');
+        throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.time.now() - started, 'contended');
       }
       this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
       // An exclusive default-mode wait may be handed the lock by a release of this process (see takeHandover).
@@ -638,7 +632,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       let woken = false;
       let granted = false;
       try {
-        await withTimeout(watch.ready, deadline - this.clock(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
+        await withTimeout(watch.ready, deadline - this.time.now(), () => new Error('subscribe timed out'), this.time).catch(() => undefined);
         for (;;) {
           o.signal?.throwIfAborted();
           if (this.closing) throw shutDown(key);
@@ -650,10 +644,10 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           }
           watch.forgetGrant(attempt.result.lastToken);
           woken = false;
-          const remaining = deadline - this.clock();
+          const remaining = deadline - this.time.now();
           if (remaining <= 0) {
-            this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: this.clock() - started });
-            throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.clock() - started, 'timeout');
+            this.emit({ type: 'timed-out', key, owner: context.owner, waitedMs: this.time.now() - started });
+            throw new LockNotAcquiredError(key, retryAfter(attempt.result), this.time.now() - started, 'timeout');
           }
           // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
           // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
@@ -678,7 +672,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           const handover = woken ? watch.takeHandover?.() : undefined;
           if (handover) {
             // Bounded as an attempt is: a grant that comes after the wait ended is given back.
-            const handed = await this.bounded(handover, this.clock(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
+            const handed = await this.bounded(handover, this.time.now(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
             const handle = await this.takenOver(key, context, o, handed, started);
             if (handle) {
               woken = false;
@@ -721,13 +715,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async handedOver(key: string, context: LockContext, o: ResolvedLockOptions, fencingToken: number, attemptStart: number, started: number): Promise<LockHandle | undefined> {
     const handoverMs = this.handoverLeaseMs(o);
     const result = { granted: true as const, holdCount: 1, fencingToken };
-    if (this.clock() >= attemptStart + handoverMs - this.drift(handoverMs)) {
+    if (this.time.now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
       if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
-    const start = this.clock();
+    const start = this.time.now();
     const [kept] = await this.step(this.store.renew([{ key, owner: context.owner, leaseMs: o.leaseMs, mode: o.mode }])).catch(() => [false]);
     // Not kept: the handover was lost meanwhile; the next attempt says where things stand.
     return kept ? this.granted(key, context, o, result, start, started) : undefined;
@@ -758,7 +752,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     deadline: number,
     waitId?: string,
     /** When the attempt started: Redis's lease counts from a moment after it. */
-    start = this.clock(),
+    start = this.time.now(),
   ): Promise<{ result: AcquireResult; start: number }> {
     const request = this.store.acquire(
       o.fair
@@ -791,7 +785,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * hold a key by now. Checked before `givenBack`, so an ordinary grant costs no promise.
    */
   private leaseRanOut(start: number, o: ResolvedLockOptions): boolean {
-    return this.clock() >= start + o.leaseMs;
+    return this.time.now() >= start + o.leaseMs;
   }
 
   /**
@@ -857,7 +851,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       if (lock) void this.markLost(lock, 'taken');
       // fencingTokens: false: no grant carries a token, whatever the store returned (a fair handover's, the memory store's).
       const fencingToken = this.options.fencingTokens ? result.fencingToken : Number.NaN;
-      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift, o.fair, this.clock);
+      lock = new HeldLock(id, key, context.owner, o.leaseMs, o.watchdog, fencingToken, leaseStart, o.mode, this.drift, o.fair, this.time.now);
       if (handoverMs !== undefined && handoverMs < o.leaseMs) lock.shortenFirstLease(leaseStart, handoverMs);
       this.held.set(lock.id, lock);
       this.watchdog.add(lock);
@@ -866,7 +860,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         this.emit(
           result.holdCount > 1
             ? { type: 'reentered', key, owner: context.owner, holdCount: result.holdCount }
-            : { type: 'acquired', key, owner: context.owner, waitedMs: this.clock() - started, fencingToken },
+            : { type: 'acquired', key, owner: context.owner, waitedMs: this.time.now() - started, fencingToken },
         );
       }
     }
@@ -875,7 +869,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /** @internal */
   checkDeadline(lock: HeldLock): void {
-    if (!lock.lost && lock.holds > 0 && lock.deadline <= this.clock()) void this.markLost(lock, 'lease-expired');
+    if (!lock.lost && lock.holds > 0 && lock.deadline <= this.time.now()) void this.markLost(lock, 'lease-expired');
   }
 
   /** @internal */
@@ -922,7 +916,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     if (handle.released) {
       throw new LockError(`LockHandle.extend(): the handle of "${lock.key}" was already released; acquire the lock again.`);
     }
-    const start = this.clock();
+    const start = this.time.now();
     let ok: boolean | undefined;
     try {
       [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]));

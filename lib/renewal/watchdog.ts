@@ -31,15 +31,12 @@ export class Watchdog {
   private timer: Timer | undefined;
   private wakeAt = Infinity;
   private stopped = false;
-  private readonly now: Time['now'];
 
   constructor(
     private readonly hooks: WatchdogHooks,
     /** The clock of the locks' deadlines and the timer that waits for them (LockStore.time). */
     private readonly time: Time = realTime,
-  ) {
-    this.now = time.now;
-  }
+  ) {}
 
   get size(): number {
     return this.locks.size;
@@ -47,7 +44,7 @@ export class Watchdog {
 
   /** How late the most overdue renewal is, in ms (0 when every renewal is on time). */
   overdueMs(): number {
-    const t = this.now();
+    const t = this.time.now();
     let worst = 0;
     for (const lock of this.locks) if (lock.watchdog) worst = Math.max(worst, t - lock.renewAt);
     return worst;
@@ -90,7 +87,7 @@ export class Watchdog {
     if (this.stopped || at >= this.wakeAt) return;
     if (this.timer) this.time.clearTimeout(this.timer);
     this.wakeAt = at;
-    this.timer = this.time.setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - this.now())));
+    this.timer = this.time.setTimeout(() => this.tick(), Math.max(0, Math.ceil(at - this.time.now())));
     // A held lock alone never keeps the process alive; its lease frees it if the process exits.
     this.timer.unref();
   }
@@ -98,7 +95,7 @@ export class Watchdog {
   private tick(): void {
     this.timer = undefined;
     this.wakeAt = Infinity;
-    const t = this.now();
+    const t = this.time.now();
     const due: HeldLock[] = [];
     for (const lock of this.locks) {
       if (lock.deadline <= t) {
@@ -143,7 +140,7 @@ export class Watchdog {
         this.reschedule();
       },
       (error: unknown) => {
-        const t = this.now();
+        const t = this.time.now();
         for (const lock of due) {
           lock.renewing = false;
           lock.renewAt = t + Math.min(1_000, lock.leaseMs / 10);
