@@ -620,7 +620,7 @@ export class RedisLockStore implements LockStore {
     if (this.closed) return;
     this.closed = true;
     this.channels.clear();
-    this.subscriber?.disconnect();
+    if (this.subscriber) endConnection(this.subscriber);
     this.subscriber = undefined;
     if (this.cluster) {
       (this.client as Cluster).off('+node', this.nodeAdded);
@@ -628,8 +628,8 @@ export class RedisLockStore implements LockStore {
     } else this.client.off('close', this.connectionClosed);
     if (this.ownsClient) {
       // QUIT queues behind unanswered commands; when the server is not there, drop them instead.
-      if (this.client.status !== 'ready') this.client.disconnect();
-      else await withTimeout(this.client.quit(), 1_000, () => new Error('quit timed out')).catch(() => this.client.disconnect());
+      if (this.client.status !== 'ready') endConnection(this.client);
+      else await withTimeout(this.client.quit(), 1_000, () => new Error('quit timed out')).catch(() => endConnection(this.client));
     }
   }
 
@@ -783,6 +783,19 @@ export class RedisLockStore implements LockStore {
  * channel nobody publishes to (a plain SUBSCRIBE is never prefixed).
  */
 const PUBSUB_OPTIONS = { keyPrefix: undefined };
+
+/**
+ * Disconnects a connection the store owns. A socket ended during its TLS handshake can report two
+ * errors: the certificate Node refuses, then the server's alert to the handshake cut short. ioredis
+ * listens for the first only, so the second was an uncaught exception that ended the process. What
+ * a socket being closed says is of no use any more: it is heard and dropped.
+ */
+function endConnection(client: RedisClient): void {
+  const connections = client.isCluster ? (client as Cluster).nodes() : [client as Redis];
+  // Before the first connect() a client has no socket yet.
+  for (const connection of connections) (connection.stream as Redis['stream'] | undefined)?.on('error', () => undefined);
+  client.disconnect();
+}
 
 /**
  * What `inFlight` counts steps by: a lock's name and one holder field. A name ends with the closing
