@@ -28,8 +28,8 @@ export type LockedKey = string | readonly string[] | ((this: any, ...args: any[]
 /**
  * Runs the method under a reentrant Redis lock whose key is built from the arguments it receives
  * (after pipes). Works on controller handlers (HTTP on Express or Fastify, microservice and
- * WebSocket handlers), `@Cron`/`@Interval`/`@Timeout` jobs and plain provider methods, above or
- * below their other decorators. The class must be a Nest provider or controller in a module that
+ * WebSocket handlers), `@Cron`/`@Interval`/`@Timeout` jobs, `@OnEvent` listeners and plain provider
+ * methods, above or below their other decorators. The class must be a Nest provider or controller in a module that
  * can inject `LockService`.
  *
  * The lock is held until the method's Promise settles; for a method that declares an Observable
