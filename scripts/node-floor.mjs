@@ -3,7 +3,7 @@
 // published on the npm registry as node-<platform>-<arch> (the packages behind npm's `node`
 // package), so this needs nothing the install does not already need. Fetched once into
 // .tmp/node-v<version>/.
-//   import { floorNode, newestNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
+//   import { floorNode, newestNode, ltsNode } from './node-floor.mjs'; floorNode() → { version, node, bin }
 //   node scripts/node-floor.mjs [newest]         → prints { version, node, bin } as JSON
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
@@ -40,6 +40,19 @@ export function floorNode() {
 export function newestNode() {
   if (process.env.NODE_NEWEST) return checked(NEWEST_NODE, process.env.NODE_NEWEST);
   return fetchedNode(NEWEST_NODE, 'NODE_NEWEST');
+}
+
+/**
+ * The newest release of each long-term-support line between the floor and NEWEST_NODE when they
+ * were pinned (2026-11-26, from the npm registry): the Nodes most applications run in production.
+ */
+export const LTS_NODES = ['22.23.3', '24.21.0'];
+
+/** One of LTS_NODES, fetched like the floor's, or the binary `NODE_<major>` names (`NODE_22`). */
+export function ltsNode(version) {
+  const variable = `NODE_${version.split('.')[0]}`;
+  if (process.env[variable]) return checked(version, process.env[variable]);
+  return fetchedNode(version, variable);
 }
 
 /** Node `version` from the npm registry (node-<platform>-<arch>), kept in .tmp/node-v<version>/. */

@@ -2,21 +2,23 @@
 //   1. stop at once if redis-server is missing (every lock test runs against a real Redis);
 //   2. install the floor releases into compat/nest12 and compat/nest11 when missing or stale;
 //   3. type-check lib, tests, sample and bench; build the dual ESM/CJS package;
-//   4. run the Jest suite four times: on the newest Nest 12 + ioredis 6 (root node_modules), on this
-//      Node and again on the newest Node pinned in scripts/node-floor.mjs (NEWEST_NODE); on the
+//   4. run the Jest suite six times: on the newest Nest 12 + ioredis 6 (root node_modules), on this
+//      Node, on the newest Node pinned in scripts/node-floor.mjs (NEWEST_NODE) and on the newest
+//      Node 22 and 24 pinned there (LTS_NODES); on the
 //      oldest Nest 12 with ioredis 6.0.0 (compat/nest12); on Nest 11.0.0 with ioredis 5.9.0
 //      (compat/nest11). Both floor runs use rxjs 7.2.0 and reflect-metadata 0.1.13, and the oldest
-//      Node the package's `engines` accepts (20.19.0). Both fetched Nodes come from the npm registry
+//      Node the package's `engines` accepts (20.19.0). The fetched Nodes come from the npm registry
 //      (scripts/node-floor.mjs);
 //   5. end with a plain line "N passed, N failed" (tests of every run plus the checks above).
-// Options: --only=12, --only=12-newest-node, --only=12-floor or --only=11 runs one of the four;
+// Options: --only=12, --only=12-newest-node, --only=12-node22, --only=12-node24, --only=12-floor or
+// --only=11 runs one of the six;
 // arguments after -- go to Jest.
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { floorNode, newestNode } from './node-floor.mjs';
+import { floorNode, LTS_NODES, ltsNode, newestNode } from './node-floor.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tmp = join(root, '.tmp');
@@ -74,11 +76,15 @@ if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status !== 0) 
   finish();
 }
 
-// The four Jest runs: which major, which compat/ directory (none: the root's newest), which Node.
+// The six Jest runs: which major, which compat/ directory (none: the root's newest), which Node.
 // The runs on a compat/ directory are the floor runs, and run on Node's floor.
 const runs = [
   { name: '12', label: 'Nest 12', major: '12', compat: '' },
   { name: '12-newest-node', label: 'Nest 12, newest Node', major: '12', compat: '', newestNode: true },
+  ...LTS_NODES.map((version) => {
+    const line = version.split('.')[0];
+    return { name: `12-node${line}`, label: `Nest 12, Node ${line}`, major: '12', compat: '', ltsVersion: version };
+  }),
   { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12' },
   { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11' },
 ].filter((r) => !only || r.name === only);
@@ -107,16 +113,16 @@ check(
   run('API reference', process.execPath, [join(root, 'node_modules', 'typedoc', 'bin', 'typedoc'), '--logLevel', 'Warn']),
 );
 
-// 4. Jest: the newest Nest 12 on this Node and on the newest, then the floor runs on Node's floor.
+// 4. Jest: the newest Nest 12 on this Node, the newest and the LTS lines, then the floor runs on Node's floor.
 const jest = join(root, 'node_modules', 'jest', 'bin', 'jest.js');
-for (const { name, label, major, compat, newestNode: onNewest } of runs) {
+for (const { name, label, major, compat, newestNode: onNewest, ltsVersion } of runs) {
   let node = { node: process.execPath, version: process.versions.node };
-  if (compat || onNewest) {
+  if (compat || onNewest || ltsVersion) {
     try {
-      node = onNewest ? newestNode() : floorNode();
+      node = onNewest ? newestNode() : ltsVersion ? ltsNode(ltsVersion) : floorNode();
     } catch (error) {
       console.error(error.message);
-      check(`${label}: ${onNewest ? 'newest' : 'oldest accepted'} Node fetched (scripts/node-floor.mjs)`, false);
+      check(`${label}: ${onNewest ? 'newest' : ltsVersion ? ltsVersion : 'oldest accepted'} Node fetched (scripts/node-floor.mjs)`, false);
       continue;
     }
   }
