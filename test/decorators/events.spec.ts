@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Inject, Injectable, Module, type INestApplicationContext } from '@nestjs/common';
+import { Injectable, Module, type INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { EventEmitter2, EventEmitterModule, OnEvent } from '@nestjs/event-emitter';
 import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
@@ -16,12 +16,10 @@ interface OrderEvent {
 const journal: string[] = [];
 /** Emits whose listener waits, inside its lock, until the test opens the gate. */
 const holds = new Map<string, ReturnType<typeof gate<void>>>();
-const INSTANCE = Symbol('instance');
 
 @Injectable()
 class OrderListeners {
   constructor(
-    @Inject(INSTANCE) readonly instance: string,
     readonly events: EventEmitter2,
     readonly locks: LockService,
   ) {}
@@ -75,10 +73,10 @@ class OrderListeners {
   }
 }
 
-async function startInstance(redisUrl: string, instance: string, logger: CapturingLogger): Promise<INestApplicationContext> {
+async function startInstance(redisUrl: string, logger: CapturingLogger): Promise<INestApplicationContext> {
   @Module({
     imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), EventEmitterModule.forRoot()],
-    providers: [{ provide: INSTANCE, useValue: instance }, OrderListeners],
+    providers: [OrderListeners],
   })
   class InstanceModule {}
   const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
@@ -103,8 +101,8 @@ describe('@Locked @OnEvent listeners of @nestjs/event-emitter', () => {
   const logger = new CapturingLogger();
   beforeAll(async () => {
     redis = await RedisServer.start();
-    a = await startInstance(redis.url, 'A', logger);
-    b = await startInstance(redis.url, 'B', logger);
+    a = await startInstance(redis.url, logger);
+    b = await startInstance(redis.url, logger);
   });
   afterAll(async () => {
     await a?.close();

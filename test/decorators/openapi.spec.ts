@@ -1,12 +1,10 @@
 import { describe, expect, it } from '@jest/globals';
 import { Body, Controller, Get, Module, Param, ParseIntPipe, Post, Query, type INestApplication } from '@nestjs/common';
+import { ROUTE_ARGS_METADATA } from '@nestjs/common/constants.js';
 import { NestFactory } from '@nestjs/core';
 import { ApiProperty, DocumentBuilder, SwaggerModule, type OpenAPIObject } from '@nestjs/swagger';
 import { Locked, LockModule } from '../../lib/index.js';
 import { CapturingLogger } from '../support/lock-testing.js';
-
-/** Where Nest keeps a handler's parameter decorators (`ROUTE_ARGS_METADATA`). */
-const ROUTE_ARGS = '__routeArguments__';
 
 class WithdrawDto {
   @ApiProperty()
@@ -67,7 +65,7 @@ describe('@Locked handlers in the OpenAPI document of @nestjs/swagger', () => {
     const [Locked_, Plain] = [accountsController(true), accountsController(false)];
     // The locked controller does declare one more parameter where the document could show it.
     for (const method of ['withdraw', 'balance', 'audit'] as const) {
-      const declared = (c: object) => Object.keys(Reflect.getMetadata(ROUTE_ARGS, c, method) ?? {}).length;
+      const declared = (c: object) => Object.keys(Reflect.getMetadata(ROUTE_ARGS_METADATA, c, method) ?? {}).length;
       expect([method, declared(Locked_)]).toEqual([method, declared(Plain) + 1]);
     }
     const [locked, plain] = await Promise.all([documentOf(Locked_), documentOf(Plain)]);
