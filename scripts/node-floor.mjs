@@ -31,15 +31,12 @@ export const NEWEST_NODE = '26.12.1';
  * names (for platforms whose binaries the registry lacks: it has none for macOS on Arm after 18.9).
  */
 export function floorNode() {
-  const version = floorVersion();
-  if (process.env.NODE_FLOOR) return checked(version, process.env.NODE_FLOOR);
-  return fetchedNode(version, 'NODE_FLOOR');
+  return pinnedNode(floorVersion(), 'NODE_FLOOR');
 }
 
 /** The NEWEST_NODE binary, fetched like the floor's, or the one `NODE_NEWEST` names. */
 export function newestNode() {
-  if (process.env.NODE_NEWEST) return checked(NEWEST_NODE, process.env.NODE_NEWEST);
-  return fetchedNode(NEWEST_NODE, 'NODE_NEWEST');
+  return pinnedNode(NEWEST_NODE, 'NODE_NEWEST');
 }
 
 /**
@@ -50,7 +47,11 @@ export const LTS_NODES = ['22.23.3', '24.21.0'];
 
 /** One of LTS_NODES, fetched like the floor's, or the binary `NODE_<major>` names (`NODE_22`). */
 export function ltsNode(version) {
-  const variable = `NODE_${version.split('.')[0]}`;
+  return pinnedNode(version, `NODE_${version.split('.')[0]}`);
+}
+
+/** Node `version`: the binary the environment `variable` names, else the one fetched from the registry. */
+function pinnedNode(version, variable) {
   if (process.env[variable]) return checked(version, process.env[variable]);
   return fetchedNode(version, variable);
 }

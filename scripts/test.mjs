@@ -76,17 +76,19 @@ if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status !== 0) 
   finish();
 }
 
-// The six Jest runs: which major, which compat/ directory (none: the root's newest), which Node.
-// The runs on a compat/ directory are the floor runs, and run on Node's floor.
+// The six Jest runs: which major, which compat/ directory (none: the root's newest), which Node
+// (`node`: which fetched one, and what it is; none: this Node). The runs on a compat/ directory are
+// the floor runs, and run on Node's floor.
+const floor = { pick: floorNode, what: 'oldest accepted' };
 const runs = [
   { name: '12', label: 'Nest 12', major: '12', compat: '' },
-  { name: '12-newest-node', label: 'Nest 12, newest Node', major: '12', compat: '', newestNode: true },
+  { name: '12-newest-node', label: 'Nest 12, newest Node', major: '12', compat: '', node: { pick: newestNode, what: 'newest' } },
   ...LTS_NODES.map((version) => {
     const line = version.split('.')[0];
-    return { name: `12-node${line}`, label: `Nest 12, Node ${line}`, major: '12', compat: '', ltsVersion: version };
+    return { name: `12-node${line}`, label: `Nest 12, Node ${line}`, major: '12', compat: '', node: { pick: () => ltsNode(version), what: version } };
   }),
-  { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12' },
-  { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11' },
+  { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12', node: floor },
+  { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11', node: floor },
 ].filter((r) => !only || r.name === only);
 
 // 2. The floors' side installs
@@ -115,14 +117,14 @@ check(
 
 // 4. Jest: the newest Nest 12 on this Node, the newest and the LTS lines, then the floor runs on Node's floor.
 const jest = join(root, 'node_modules', 'jest', 'bin', 'jest.js');
-for (const { name, label, major, compat, newestNode: onNewest, ltsVersion } of runs) {
+for (const { name, label, major, compat, node: fetched } of runs) {
   let node = { node: process.execPath, version: process.versions.node };
-  if (compat || onNewest || ltsVersion) {
+  if (fetched) {
     try {
-      node = onNewest ? newestNode() : ltsVersion ? ltsNode(ltsVersion) : floorNode();
+      node = fetched.pick();
     } catch (error) {
       console.error(error.message);
-      check(`${label}: ${onNewest ? 'newest' : ltsVersion ? ltsVersion : 'oldest accepted'} Node fetched (scripts/node-floor.mjs)`, false);
+      check(`${label}: ${fetched.what} Node fetched (scripts/node-floor.mjs)`, false);
       continue;
     }
   }
