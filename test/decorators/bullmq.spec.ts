@@ -1,0 +1,176 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Module, type INestApplicationContext } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { BullModule, getQueueToken, OnWorkerEvent, Processor, WorkerHost } from '@nestjs/bullmq';
+import { QueueEvents, type Job, type Queue } from 'bullmq';
+import { merge } from 'rxjs';
+import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent, nextEvents } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
+
+interface Transfer {
+  account: number;
+  /** Which job this is, for the journal. */
+  by: string;
+}
+
+/** What the processors of all instances did, in order. */
+const journal: string[] = [];
+/** Jobs whose processor waits, inside its lock, until the test opens the gate. */
+const holds = new Map<string, ReturnType<typeof gate<void>>>();
+/** Failed attempts seen by the fail-fast queue's worker event handler. */
+const failures: { by: string; attempt: number; error: Error }[] = [];
+let failed = gate<void>();
+
+/**
+ * One instance of an app with two BullMQ processors: `ledger` waits for the lock (the module's
+ * default), `audit` fails the attempt at once when the account is locked, and BullMQ retries it.
+ */
+async function startInstance(name: string, connection: { host: string; port: number }, concurrency: number): Promise<INestApplicationContext> {
+  @Processor('ledger', { concurrency })
+  class LedgerProcessor extends WorkerHost {
+    constructor(readonly locks: LockService) {
+      super();
+    }
+
+    @Locked('account:<0.data.account>')
+    async process(job: Job<Transfer>) {
+      const { by } = job.data;
+      journal.push(`${by} on ${name} enter x${await this.locks.holdCount(`account:${job.data.account}`)}`);
+      await holds.get(by)?.promise;
+      journal.push(`${by} on ${name} exit`);
+      return `${by} done`;
+    }
+  }
+
+  @Processor('audit')
+  class AuditProcessor extends WorkerHost {
+    @Locked('account:<0.data.account>', { onContention: 'fail' })
+    async process(job: Job<Transfer>) {
+      journal.push(`audit ${job.data.by} on ${name} attempt ${job.attemptsMade + 1}`);
+      return 'audited';
+    }
+
+    @OnWorkerEvent('failed')
+    onFailed(job: Job<Transfer>, error: Error) {
+      failures.push({ by: job.data.by, attempt: job.attemptsMade, error });
+      failed.open();
+    }
+  }
+
+  @Module({
+    imports: [
+      LockModule.forRoot({ redis: `redis://${connection.host}:${connection.port}`, isGlobal: true }),
+      BullModule.forRoot({ connection }),
+      BullModule.registerQueue({ name: 'ledger' }, { name: 'audit' }),
+    ],
+    providers: [LedgerProcessor, AuditProcessor],
+  })
+  class InstanceModule {}
+  const app = await NestFactory.createApplicationContext(InstanceModule, { logger: new CapturingLogger() });
+  await app.init();
+  return app;
+}
+
+/** Whether every job in `entries` ran alone: each enter is followed by its own exit. */
+function oneAtATime(entries: string[]): boolean {
+  for (let i = 0; i < entries.length; i += 2) {
+    const [enter, exit] = [entries[i]!, entries[i + 1]];
+    if (!/ enter x1$/.test(enter) || exit !== enter.replace(/ enter x1$/, ' exit')) return false;
+  }
+  return entries.length % 2 === 0;
+}
+
+describe('@Locked process() of @nestjs/bullmq processors', () => {
+  let redis: RedisServer;
+  let a: INestApplicationContext;
+  let b: INestApplicationContext;
+  const queueEvents: QueueEvents[] = [];
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    const connection = { host: '127.0.0.1', port: redis.port };
+    // Five job slots in all: while one job holds an account, three more for it take three of the
+    // other four (at least one of them in the other instance), and one is left for another account.
+    a = await startInstance('A', connection, 2);
+    b = await startInstance('B', connection, 3);
+    for (const name of ['ledger', 'audit']) {
+      const events = new QueueEvents(name, { connection });
+      await events.waitUntilReady();
+      queueEvents.push(events);
+    }
+  });
+  afterAll(async () => {
+    // A failed test may leave a job waiting at its gate, and closing waits for running jobs.
+    for (const hold of holds.values()) hold.open();
+    await a?.close();
+    await b?.close();
+    await Promise.all(queueEvents.map((e) => e.close()));
+    await redis?.stop();
+  });
+
+  it('runs jobs for one account one at a time, across workers and instances, and does not hold up other accounts', async () => {
+    journal.length = 0;
+    const ledger = a.get<Queue<Transfer>>(getQueueToken('ledger'));
+    const [ledgerEvents] = queueEvents;
+    const events$ = merge(a.get(LockService).events$, b.get(LockService).events$);
+    const first = gate();
+    holds.set('J1', first);
+
+    const acquired = nextEvent(events$, 'acquired', (e) => e.key === 'account:1');
+    const jobs = [await ledger.add('transfer', { account: 1, by: 'J1' })];
+    await acquired;
+    // Three more jobs for the same account take free worker slots and find it locked.
+    const contended = nextEvents(events$, 'contended', 3);
+    for (const by of ['J2', 'J3', 'J4']) jobs.push(await ledger.add('transfer', { account: 1, by }));
+    expect((await contended).map((e) => e.key)).toEqual(['account:1', 'account:1', 'account:1']);
+    const waiting = await Promise.all(jobs.slice(1).map((job) => job.getState()));
+    expect(waiting).toEqual(['active', 'active', 'active']);
+
+    // Another account is not held up: its job runs while J1 holds account 1 and the rest wait.
+    const other = await ledger.add('transfer', { account: 2, by: 'K1' });
+    expect(await other.waitUntilFinished(ledgerEvents!)).toBe('K1 done');
+    expect(journal.filter((e) => !e.startsWith('K1'))).toEqual([expect.stringMatching(/^J1 on [AB] enter x1$/)]);
+
+    first.open();
+    const results = await Promise.all(jobs.map((job) => job.waitUntilFinished(ledgerEvents!)));
+    expect(results.sort()).toEqual(['J1 done', 'J2 done', 'J3 done', 'J4 done']);
+    const account1 = journal.filter((e) => e.startsWith('J'));
+    expect(account1).toHaveLength(8);
+    // Each job ran alone, with a hold count of 1: no job re-entered the lock of another.
+    expect(oneAtATime(account1)).toBe(true);
+    // Both instances ran jobs for the account.
+    expect(new Set(account1.map((e) => e.split(' ')[2]))).toEqual(new Set(['A', 'B']));
+    expect(await a.get(LockService).isLocked('account:1')).toBe(false);
+  });
+
+  it("fails the attempt with LockNotAcquiredError on contention with onContention: 'fail', and BullMQ's retry runs it once the lock is free", async () => {
+    journal.length = 0;
+    failures.length = 0;
+    failed = gate();
+    const audit = a.get<Queue<Transfer>>(getQueueToken('audit'));
+    const held = await b.get(LockService).acquire('account:7');
+    let job: Job<Transfer>;
+    try {
+      job = await audit.add('audit', { account: 7, by: 'R1' }, { attempts: 3, backoff: { type: 'fixed', delay: 100 } });
+      await failed.promise;
+      expect(failures).toHaveLength(1);
+      expect(failures[0]!.by).toBe('R1');
+      expect(failures[0]!.attempt).toBe(1);
+      expect(failures[0]!.error).toBeInstanceOf(LockNotAcquiredError);
+      expect((failures[0]!.error as LockNotAcquiredError).key).toBe('account:7');
+      // It did not wait for the lock ('timeout' would mean it had).
+      expect((failures[0]!.error as LockNotAcquiredError).reason).toBe('contended');
+      // The attempt never entered the method.
+      expect(journal).toEqual([]);
+      expect(await a.get(LockService).isLocked('account:7')).toBe(true);
+    } finally {
+      await held.release();
+    }
+    expect(await job.waitUntilFinished(queueEvents[1]!)).toBe('audited');
+    expect(journal).toEqual([expect.stringMatching(/^audit R1 on [AB] attempt 2$/)]);
+    expect(failures).toHaveLength(1);
+    const done = await audit.getJob(job.id!);
+    expect(done?.attemptsMade).toBe(2);
+    expect(done?.stacktrace?.join('\n')).toContain('LockNotAcquiredError');
+  });
+});
