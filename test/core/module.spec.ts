@@ -40,6 +40,9 @@ describe('LockModule', () => {
     // So does the OpenAPI test, on the @nestjs/swagger of this run's Nest major.
     const swagger = (await import('@nestjs/swagger/package.json', { with: { type: 'json' } })).default as { version: string };
     expect(swagger.version.split('.')[0]).toBe(legacy ? '11' : '12');
+    // And the CQRS test, on the @nestjs/cqrs of this run's Nest major (12 asks for Nest 12).
+    const cqrs = (await import('@nestjs/cqrs/package.json', { with: { type: 'json' } })).default as { version: string };
+    expect(cqrs.version.split('.')[0]).toBe(legacy ? '11' : '12');
   });
 
   it('runs on the floors of the peer ranges where this run was started for them (the Nest 11 and the Nest 12 floor runs)', async () => {

@@ -1,0 +1,248 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Module, type INestApplicationContext } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import {
+  CommandBus,
+  CommandHandler,
+  CqrsModule,
+  EventBus,
+  EventsHandler,
+  UnhandledExceptionBus,
+  type ICommandHandler,
+  type IEventHandler,
+} from '@nestjs/cqrs';
+import { firstValueFrom } from 'rxjs';
+import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { RedisServer } from '../support/redis-server.js';
+
+class Deposit {
+  constructor(
+    readonly account: number,
+    /** Which command this is, for the journal. */
+    readonly by: string,
+  ) {}
+}
+
+class Close {
+  constructor(readonly account: number) {}
+}
+
+class Closed {
+  constructor(readonly account: number) {}
+}
+
+class Audit {
+  constructor(readonly account: number) {}
+}
+
+class Audited {
+  constructor(readonly account: number) {}
+}
+
+/** What the handlers of all instances did, in order. */
+const journal: string[] = [];
+/** Commands whose handler waits, inside its lock, until the test opens the gate. */
+const holds = new Map<string, ReturnType<typeof gate<void>>>();
+/** Steps of the Close / Closed pair the test waits for or lets go on. */
+let closeSteps = steps();
+
+function steps() {
+  return { published: gate(), closedEntered: gate(), closeMayReturn: gate(), closedMayReturn: gate() };
+}
+
+@CommandHandler(Deposit)
+class DepositHandler implements ICommandHandler<Deposit> {
+  constructor(private readonly locks: LockService) {}
+
+  @Locked('account:<0.account>')
+  async execute(command: Deposit) {
+    journal.push(`${command.by} enter x${await this.locks.holdCount(`account:${command.account}`)}`);
+    await holds.get(command.by)?.promise;
+    journal.push(`${command.by} exit`);
+    return command.by;
+  }
+}
+
+// A locked command that executes another command for the same account through the bus.
+@CommandHandler(Close)
+class CloseHandler implements ICommandHandler<Close> {
+  constructor(
+    private readonly commands: CommandBus,
+    private readonly events: EventBus,
+  ) {}
+
+  @Locked('account:<0.account>')
+  async execute(command: Close) {
+    const last = await this.commands.execute(new Deposit(command.account, 'final deposit'));
+    // Publishing does not wait for the event's handlers.
+    this.events.publish(new Closed(command.account));
+    closeSteps.published.open();
+    await closeSteps.closeMayReturn.promise;
+    journal.push('close exit');
+    return last;
+  }
+}
+
+@EventsHandler(Closed)
+class ClosedHandler implements IEventHandler<Closed> {
+  constructor(private readonly locks: LockService) {}
+
+  @Locked('account:<0.account>')
+  async handle(event: Closed) {
+    journal.push(`closed enter x${await this.locks.holdCount(`account:${event.account}`)}`);
+    closeSteps.closedEntered.open();
+    await closeSteps.closedMayReturn.promise;
+    journal.push('closed exit');
+  }
+}
+
+class Withdraw {
+  constructor(readonly account: number) {}
+}
+
+@CommandHandler(Withdraw)
+class WithdrawHandler implements ICommandHandler<Withdraw> {
+  @Locked('account:<0.account>', { onContention: 'fail' })
+  async execute(command: Withdraw) {
+    journal.push(`withdraw ${command.account}`);
+  }
+}
+
+@CommandHandler(Audit)
+class AuditHandler implements ICommandHandler<Audit> {
+  constructor(private readonly events: EventBus) {}
+
+  async execute(command: Audit) {
+    this.events.publish(new Audited(command.account));
+  }
+}
+
+@EventsHandler(Audited)
+class AuditedHandler implements IEventHandler<Audited> {
+  @Locked('account:<0.account>', { onContention: 'fail' })
+  async handle(event: Audited) {
+    journal.push(`audited ${event.account}`);
+  }
+}
+
+async function startInstance(redisUrl: string, logger: CapturingLogger): Promise<INestApplicationContext> {
+  @Module({
+    imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), CqrsModule.forRoot()],
+    providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler],
+  })
+  class InstanceModule {}
+  const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
+  await app.init();
+  return app;
+}
+
+/** Whether every command in `entries` ran alone, with a hold count of 1: each enter is followed by its own exit. */
+function oneAtATime(entries: string[]): boolean {
+  for (let i = 0; i < entries.length; i += 2) {
+    const [enter, exit] = [entries[i]!, entries[i + 1]];
+    if (!/ enter x1$/.test(enter) || exit !== enter.replace(/ enter x1$/, ' exit')) return false;
+  }
+  return entries.length % 2 === 0;
+}
+
+describe('@Locked command and event handlers of @nestjs/cqrs', () => {
+  let redis: RedisServer;
+  let a: INestApplicationContext;
+  let b: INestApplicationContext;
+  // Nest's static Logger, which @nestjs/cqrs logs through, writes to the logger of the app created last: one for both.
+  const logger = new CapturingLogger();
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    a = await startInstance(redis.url, logger);
+    b = await startInstance(redis.url, logger);
+  });
+  afterAll(async () => {
+    // A failed test may leave a handler waiting at its gate.
+    for (const hold of holds.values()) hold.open();
+    for (const step of Object.values(closeSteps)) step.open();
+    await a?.close();
+    await b?.close();
+    await redis?.stop();
+  });
+
+  it('runs commands for one account one at a time, in one instance and across two, and does not hold up other accounts', async () => {
+    journal.length = 0;
+    const [busA, busB] = [a.get(CommandBus), b.get(CommandBus)];
+    const first = gate();
+    holds.set('A1', first);
+    const acquired = nextEvent(a.get(LockService).events$, 'acquired', (e) => e.key === 'account:1');
+    const commands = [busA.execute(new Deposit(1, 'A1'))];
+    await acquired;
+    const contendedA = nextEvent(a.get(LockService).events$, 'contended', (e) => e.key === 'account:1');
+    const contendedB = nextEvent(b.get(LockService).events$, 'contended', (e) => e.key === 'account:1');
+    commands.push(busA.execute(new Deposit(1, 'A2')), busB.execute(new Deposit(1, 'B')));
+    await Promise.all([contendedA, contendedB]);
+    // Another account is not held up.
+    expect(await busB.execute(new Deposit(2, 'other'))).toBe('other');
+    expect(journal).toEqual(['A1 enter x1', 'other enter x1', 'other exit']);
+    first.open();
+    expect(await Promise.all(commands)).toEqual(['A1', 'A2', 'B']);
+    const account1 = journal.filter((e) => !e.startsWith('other'));
+    expect(account1).toHaveLength(6);
+    expect(oneAtATime(account1)).toBe(true);
+    expect(await a.get(LockService).isLocked('account:1')).toBe(false);
+  });
+
+  it("re-enters from a command the handler executes, and from an event it publishes, whose handler keeps the lock after the command returns", async () => {
+    journal.length = 0;
+    closeSteps = steps();
+    const close = a.get(CommandBus).execute(new Close(3));
+    await closeSteps.published.promise;
+    // The command executed through the bus re-entered the lock instead of waiting for itself.
+    expect(journal).toEqual(['final deposit enter x2', 'final deposit exit']);
+    // The event's handler started inside the command's lock, so it re-entered it too.
+    await closeSteps.closedEntered.promise;
+    expect(journal.at(-1)).toBe('closed enter x2');
+
+    const commandReleased = nextEvent(a.get(LockService).events$, 'released', (e) => e.key === 'account:3');
+    closeSteps.closeMayReturn.open();
+    expect(await close).toBe('final deposit');
+    expect((await commandReleased).holdCount).toBe(1);
+    // The command returned; its event's handler still holds the lock, and another instance finds it held.
+    expect(journal).not.toContain('closed exit');
+    expect(await b.get(LockService).isLocked('account:3')).toBe(true);
+    expect(await b.get(LockService).tryAcquire('account:3')).toBeNull();
+
+    const released = nextEvent(a.get(LockService).events$, 'released', (e) => e.key === 'account:3');
+    closeSteps.closedMayReturn.open();
+    expect((await released).holdCount).toBe(0);
+    expect(journal.at(-1)).toBe('closed exit');
+    expect(await b.get(LockService).isLocked('account:3')).toBe(false);
+  });
+
+  it("rejects commandBus.execute() with a command handler's LockNotAcquiredError; publishes an event handler's on the UnhandledExceptionBus, with the event as its cause, and logs it", async () => {
+    journal.length = 0;
+    const held = await b.get(LockService).acquire('account:4');
+    try {
+      const refused = await a
+        .get(CommandBus)
+        .execute(new Withdraw(4))
+        .then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+      expect(refused).toBeInstanceOf(LockNotAcquiredError);
+      expect((refused as LockNotAcquiredError).key).toBe('account:4');
+
+      const unhandled = firstValueFrom(a.get(UnhandledExceptionBus));
+      await a.get(CommandBus).execute(new Audit(4));
+      const { cause, exception } = await unhandled;
+      expect(cause).toEqual(new Audited(4));
+      expect(exception).toBeInstanceOf(LockNotAcquiredError);
+      expect((exception as LockNotAcquiredError).key).toBe('account:4');
+      expect((exception as LockNotAcquiredError).reason).toBe('contended');
+      expect(logger.at('error').some((m) => m.includes('has thrown an unhandled exception'))).toBe(true);
+      expect(journal).toEqual([]);
+    } finally {
+      await held.release();
+    }
+    await a.get(CommandBus).execute(new Withdraw(4));
+    expect(journal).toEqual(['withdraw 4']);
+  });
+});
