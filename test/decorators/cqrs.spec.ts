@@ -13,7 +13,7 @@ import {
 } from '@nestjs/cqrs';
 import { firstValueFrom } from 'rxjs';
 import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, nextEvent, oneAtATime } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 class Deposit {
@@ -137,14 +137,6 @@ async function startInstance(redisUrl: string, logger: CapturingLogger): Promise
   return app;
 }
 
-/** Whether every command in `entries` ran alone, with a hold count of 1: each enter is followed by its own exit. */
-function oneAtATime(entries: string[]): boolean {
-  for (let i = 0; i < entries.length; i += 2) {
-    const [enter, exit] = [entries[i]!, entries[i + 1]];
-    if (!/ enter x1$/.test(enter) || exit !== enter.replace(/ enter x1$/, ' exit')) return false;
-  }
-  return entries.length % 2 === 0;
-}
 
 describe('@Locked command and event handlers of @nestjs/cqrs', () => {
   let redis: RedisServer;
@@ -185,7 +177,7 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
     expect(await Promise.all(commands)).toEqual(['A1', 'A2', 'B']);
     const account1 = journal.filter((e) => !e.startsWith('other'));
     expect(account1).toHaveLength(6);
-    expect(oneAtATime(account1)).toBe(true);
+    expect(oneAtATime(account1, ' enter x1')).toBe(true);
     expect(await a.get(LockService).isLocked('account:1')).toBe(false);
   });
 

@@ -3,7 +3,7 @@ import { Injectable, Module, type INestApplicationContext } from '@nestjs/common
 import { NestFactory } from '@nestjs/core';
 import { EventEmitter2, EventEmitterModule, OnEvent } from '@nestjs/event-emitter';
 import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, gate, nextEvent, oneAtATime } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 interface OrderEvent {
@@ -84,14 +84,6 @@ async function startInstance(redisUrl: string, logger: CapturingLogger): Promise
   return app;
 }
 
-/** Whether every listener in `entries` ran alone: each enter is followed by its own exit. */
-function oneAtATime(entries: string[]): boolean {
-  for (let i = 0; i < entries.length; i += 2) {
-    const [enter, exit] = [entries[i]!, entries[i + 1]];
-    if (!enter.endsWith(' enter') || exit !== enter.replace(/ enter$/, ' exit')) return false;
-  }
-  return entries.length % 2 === 0;
-}
 
 describe('@Locked @OnEvent listeners of @nestjs/event-emitter', () => {
   let redis: RedisServer;

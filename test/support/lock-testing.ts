@@ -155,6 +155,19 @@ export function elsewhere<T>(fn: () => Promise<T>): Promise<T> {
   return new AsyncResource('elsewhere').runInAsyncScope(fn);
 }
 
+/**
+ * Whether the work journalled in `entries` ran one at a time: each entry line (ending in `enter`) is
+ * followed at once by its own exit (the same line with `exit` in place of `enter`). Pass
+ * `' enter x1'` to require each entry's hold count to be 1 as well (a re-entry is not its own turn).
+ */
+export function oneAtATime(entries: string[], enter = ' enter'): boolean {
+  for (let i = 0; i < entries.length; i += 2) {
+    const [entry, exit] = [entries[i]!, entries[i + 1]];
+    if (!entry.endsWith(enter) || exit !== `${entry.slice(0, -enter.length)} exit`) return false;
+  }
+  return entries.length % 2 === 0;
+}
+
 /** A promise with its resolve function outside, for hand-made synchronisation points. */
 export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => void } {
   let open!: (value: T) => void;
