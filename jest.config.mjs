@@ -3,8 +3,8 @@
 // compat/<dir>, so the same suite runs on the oldest releases the peer ranges accept as well as on
 // the newest (Nest 12, ioredis 6, from the root): compat/nest11 holds Nest 11.0.0 with ioredis 5.9.0,
 // compat/nest12 the oldest Nest 12 with ioredis 6.0.0, both with rxjs 7.2.0 and reflect-metadata
-// 0.1.13, and each with the @nestjs/graphql and @nestjs/apollo of its Nest major (the GraphQL
-// test), its @nestjs/swagger (the OpenAPI test) and its @nestjs/cqrs (the CQRS test). NEST_MAJOR=11 alone means NEST_COMPAT=nest11.
+// 0.1.13, and each with the @nestjs/graphql, @nestjs/apollo and @nestjs/mercurius of its Nest
+// major (the GraphQL test), its @nestjs/swagger (the OpenAPI test) and its @nestjs/cqrs (the CQRS test). NEST_MAJOR=11 alone means NEST_COMPAT=nest11.
 import { swcOptions } from './scripts/compile-ts.mjs';
 
 const compatDir = process.env.NEST_COMPAT || (process.env.NEST_MAJOR === '11' ? 'nest11' : '');
@@ -25,10 +25,14 @@ export default {
   moduleNameMapper: {
     ...(compatDir
       ? {
-          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io|graphql|apollo|swagger|cqrs)$': `${compat}/@nestjs/$1`,
-          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io|graphql|apollo|swagger|cqrs)/(.*)$': `${compat}/@nestjs/$1/$2`,
+          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io|graphql|apollo|mercurius|swagger|cqrs)$': `${compat}/@nestjs/$1`,
+          '^@nestjs/(common|core|testing|platform-express|platform-fastify|microservices|websockets|platform-socket.io|graphql|apollo|mercurius|swagger|cqrs)/(.*)$': `${compat}/@nestjs/$1/$2`,
           '^ioredis$': `${compat}/ioredis`,
           '^ioredis/(.*)$': `${compat}/ioredis/$1`,
+          // One graphql for all: Mercurius, which only the root installs, must build on the schema
+          // of compat's @nestjs/graphql (graphql refuses a schema made by another copy of itself).
+          '^graphql$': `${compat}/graphql`,
+          '^graphql/(.*)$': `${compat}/graphql/$1`,
           '^rxjs$': `${compat}/rxjs`,
           '^rxjs/(.*)$': `${compat}/rxjs/$1`,
           '^reflect-metadata$': `${compat}/reflect-metadata`,

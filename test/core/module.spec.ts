@@ -37,6 +37,8 @@ describe('LockModule', () => {
     // The GraphQL test runs on the @nestjs/graphql of this run's Nest major (compat/ holds its own).
     const graphql = (await import('@nestjs/graphql/package.json', { with: { type: 'json' } })).default as { version: string };
     expect(graphql.version.split('.')[0]).toBe(legacy ? '13' : '14');
+    const mercurius = (await import('@nestjs/mercurius/package.json', { with: { type: 'json' } })).default as { version: string };
+    expect(mercurius.version.split('.')[0]).toBe(legacy ? '13' : '14');
     // So does the OpenAPI test, on the @nestjs/swagger of this run's Nest major.
     const swagger = (await import('@nestjs/swagger/package.json', { with: { type: 'json' } })).default as { version: string };
     expect(swagger.version.split('.')[0]).toBe(legacy ? '11' : '12');

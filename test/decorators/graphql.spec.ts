@@ -1,17 +1,19 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { ApolloDriver, type ApolloDriverConfig } from '@nestjs/apollo';
-import { Module, type ExecutionContext, type INestApplication } from '@nestjs/common';
+import { Module, type DynamicModule, type ExecutionContext, type INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Args, Field, GraphQLModule, Int, Mutation, ObjectType, Query, Resolver } from '@nestjs/graphql';
+import { MercuriusDriver, type MercuriusDriverConfig } from '@nestjs/mercurius';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { Locked, LockGraphQLError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { translateLockError } from '../../lib/lock.interceptor.js';
 import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 const ran: string[] = [];
-/** Holds `slow` until the test opens it; `entered` opens once `slow` runs for two fields. */
-const release = gate<void>();
-const entered = gate<void>();
+/** Holds `slow` until the test opens it; `entered` opens once `slow` runs for two fields (made again, like `ran`, for each driver). */
+let release = gate<void>();
+let entered = gate<void>();
 let running = 0;
 
 @ObjectType()
@@ -72,23 +74,32 @@ interface GraphQLBody {
   errors?: { message: string; path: string[]; extensions: Record<string, unknown> }[];
 }
 
-describe('@Locked on GraphQL resolvers (@nestjs/graphql, Apollo on Express)', () => {
+const drivers: [string, () => DynamicModule, () => FastifyAdapter | undefined][] = [
+  [
+    'Apollo on Express',
+    () => GraphQLModule.forRoot<ApolloDriverConfig>({ driver: ApolloDriver, autoSchemaFile: true, includeStacktraceInErrorResponses: false }),
+    () => undefined,
+  ],
+  ['Mercurius on Fastify', () => GraphQLModule.forRoot<MercuriusDriverConfig>({ driver: MercuriusDriver, autoSchemaFile: true }), () => new FastifyAdapter()],
+];
+
+describe.each(drivers)('@Locked on GraphQL resolvers (@nestjs/graphql, %s)', (_driver, graphQLModule, adapter) => {
   let app: INestApplication;
   let locks: LockService;
   let logger: CapturingLogger;
   let url: string;
   beforeAll(async () => {
+    [release, entered, running] = [gate<void>(), gate<void>(), 0];
+    ran.length = 0;
     redis = await RedisServer.start();
     @Module({
-      imports: [
-        LockModule.forRoot({ redis: redis.url }),
-        GraphQLModule.forRoot<ApolloDriverConfig>({ driver: ApolloDriver, autoSchemaFile: true, includeStacktraceInErrorResponses: false }),
-      ],
+      imports: [LockModule.forRoot({ redis: redis.url }), graphQLModule()],
       providers: [OrdersResolver],
     })
     class AppModule {}
     logger = new CapturingLogger();
-    app = await NestFactory.create(AppModule, { logger });
+    const platform = adapter();
+    app = platform ? await NestFactory.create(AppModule, platform, { logger }) : await NestFactory.create(AppModule, { logger });
     url = `${await listening(app)}/graphql`;
     locks = app.get(LockService);
   });
