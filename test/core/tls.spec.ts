@@ -5,11 +5,22 @@ import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { LockBackendError } from '../../lib/index.js';
 import { startLockApp, wokenBy } from '../support/lock-testing.js';
+import { RedisCluster } from '../support/redis-cluster.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
 
 /** A self-signed certificate for 127.0.0.1, made for these tests only (valid until 2126). */
 const tlsDir = join(dirname(fileURLToPath(import.meta.url)), '..', 'fixtures', 'tls');
 const ca = readFileSync(join(tlsDir, 'cert.pem'));
+/** redis-server's TLS arguments, on `port`; clients are not asked for a certificate. */
+const tlsArgs = (port: number) => [
+  '--tls-port', String(port),
+  '--tls-cert-file', join(tlsDir, 'cert.pem'),
+  '--tls-key-file', join(tlsDir, 'key.pem'),
+  '--tls-ca-cert-file', join(tlsDir, 'cert.pem'),
+  '--tls-auth-clients', 'no',
+];
+/** How many connections `server` has on `port` (Redis lists each client's local address). */
+const connectionsOn = async (server: Redis, port: number) => String(await server.client('LIST')).split('\n').filter((line) => line.includes(` laddr=127.0.0.1:${port} `)).length;
 
 describe('Redis over TLS', () => {
   let redis: RedisServer;
@@ -18,21 +29,15 @@ describe('Redis over TLS', () => {
   beforeAll(async () => {
     tlsPort = await freePort();
     // The plain port stays, for the test's own inspection; the apps use the TLS port only.
-    redis = await RedisServer.start([
-      '--tls-port', String(tlsPort),
-      '--tls-cert-file', join(tlsDir, 'cert.pem'),
-      '--tls-key-file', join(tlsDir, 'key.pem'),
-      '--tls-ca-cert-file', join(tlsDir, 'cert.pem'),
-      '--tls-auth-clients', 'no',
-    ]);
+    redis = await RedisServer.start(tlsArgs(tlsPort));
     raw = redis.client();
   });
   afterAll(async () => {
     await redis?.stop();
   });
 
-  /** The connections made to the TLS port (Redis lists each client's local address). */
-  const overTls = async () => String(await raw.client('LIST')).split('\n').filter((line) => line.includes(` laddr=127.0.0.1:${tlsPort} `)).length;
+  /** The connections made to the TLS port. */
+  const overTls = () => connectionsOn(raw, tlsPort);
 
   it('locks, and wakes a waiter of another application by the release message, with ioredis tls options (the subscriber connection too)', async () => {
     const options = { redis: { host: '127.0.0.1', port: tlsPort, tls: { ca } }, leaseMs: 60_000 };
@@ -76,6 +81,65 @@ describe('Redis over TLS', () => {
       await app.close();
       // ioredis ends the client when the socket has closed; the second error, when it comes, comes before.
       await ended;
+    }
+  });
+});
+
+describe('Redis Cluster over TLS', () => {
+  let cluster: RedisCluster;
+  /** Each node's TLS port, by the index of its server in `cluster.servers`. */
+  const tlsPorts: number[] = [];
+  beforeAll(async () => {
+    // Each node keeps its plain port for the test's own inspection and for creating the cluster;
+    // with tls-cluster, the bus is TLS too, and a node names its TLS port to clients that use TLS.
+    cluster = await RedisCluster.start(3, 0, async (node) => {
+      tlsPorts[node] = await freePort();
+      return [...tlsArgs(tlsPorts[node]), '--tls-cluster', 'yes'];
+    });
+  });
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  it('locks, and wakes a waiter of another application by the sharded release message, every connection on the TLS ports', async () => {
+    const plainPorts = cluster.servers.map((server) => server.port);
+    const counts = (ports: number[]) => Promise.all(cluster.servers.map((server, i) => connectionsOn(cluster.node(server), ports[i]!)));
+    const plainBefore = await counts(plainPorts);
+    const options = {
+      redis: { cluster: tlsPorts.map((port) => ({ host: '127.0.0.1', port })), options: { redisOptions: { tls: { ca } } } },
+      leaseMs: 60_000,
+    };
+    const holders = await startLockApp(options);
+    const waiters = await startLockApp(options);
+    try {
+      const holder = await holders.locks.acquire('tls:cluster', { leaseMs: 120_000 });
+      // Within 5 s of the release, with a 120 s lease: only the release message wakes the waiter.
+      await wokenBy(
+        async () => {
+          // The waiter sleeps on one sharded subscription (SSUBSCRIBE), made on a TLS port.
+          const subscribers = await Promise.all(
+            cluster.servers.map(async (server, i) =>
+              String(await cluster.node(server).client('LIST'))
+                .split('\n')
+                .filter((line) => / ssub=[1-9]/.test(line))
+                .map((line) => (line.includes(` laddr=127.0.0.1:${tlsPorts[i]} `) ? 'tls' : 'plain')),
+            ),
+          );
+          expect(subscribers.flat()).toEqual(['tls']);
+          await holder.release();
+        },
+        waiters,
+        'tls:cluster',
+        5_000,
+      );
+      // No connection of either application reached a plain port; the lock's scripts ran on a TLS one.
+      expect(await counts(plainPorts)).toEqual(plainBefore);
+      const slot = Number(await cluster.node(cluster.servers[0]!).cluster('KEYSLOT', 'lock:{tls:cluster}'));
+      const slotOwner = cluster.servers.indexOf(await cluster.ownerOf(slot));
+      expect(await connectionsOn(cluster.node(cluster.servers[slotOwner]!), tlsPorts[slotOwner]!)).toBeGreaterThanOrEqual(2);
+    } finally {
+      await holders.close();
+      await waiters.close();
     }
   });
 });

@@ -16,14 +16,15 @@ export class RedisCluster {
 
   private constructor(readonly servers: RedisServer[]) {}
 
-  /** `args`: more `redis-server` arguments for every node. */
-  static async start(masters = 3, replicas = 0, args: string[] = []): Promise<RedisCluster> {
+  /** `args`: more `redis-server` arguments for every node, or a function that gives each node's (by its index). */
+  static async start(masters = 3, replicas = 0, args: string[] | ((node: number) => Promise<string[]>) = []): Promise<RedisCluster> {
     const servers: RedisServer[] = [];
     try {
       for (let i = 0; i < masters * (1 + replicas); i++) {
         const bus = await freePort();
+        const more = typeof args === 'function' ? await args(i) : args;
         servers.push(
-          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000', ...args]),
+          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000', ...more]),
         );
       }
       const nodes = servers.map((s) => `127.0.0.1:${s.port}`);
