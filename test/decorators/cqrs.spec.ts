@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Module, type INestApplicationContext } from '@nestjs/common';
+import { Injectable, Module, Scope, type INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import {
   CommandBus,
@@ -97,6 +97,36 @@ class ClosedHandler implements IEventHandler<Closed> {
   }
 }
 
+class Pay {
+  constructor(
+    readonly account: number,
+    readonly by: string,
+  ) {}
+}
+
+let made = 0;
+/** Made once per command: it makes PayHandler request-scoped, so each command gets a new handler. */
+@Injectable({ scope: Scope.REQUEST })
+class PerCommand {
+  readonly id = ++made;
+}
+
+@CommandHandler(Pay)
+class PayHandler implements ICommandHandler<Pay> {
+  constructor(
+    private readonly per: PerCommand,
+    private readonly locks: LockService,
+  ) {}
+
+  @Locked('account:<0.account>')
+  async execute(command: Pay) {
+    journal.push(`${command.by} enter x${await this.locks.holdCount(`account:${command.account}`)}`);
+    await holds.get(command.by)?.promise;
+    journal.push(`${command.by} exit`);
+    return this.per.id;
+  }
+}
+
 class Withdraw {
   constructor(readonly account: number) {}
 }
@@ -129,7 +159,7 @@ class AuditedHandler implements IEventHandler<Audited> {
 async function startInstance(redisUrl: string, logger: CapturingLogger): Promise<INestApplicationContext> {
   @Module({
     imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), CqrsModule.forRoot()],
-    providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler],
+    providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler, PayHandler, PerCommand],
   })
   class InstanceModule {}
   const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
@@ -179,6 +209,25 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
     expect(account1).toHaveLength(6);
     expect(oneAtATime(account1, ' enter x1')).toBe(true);
     expect(await a.get(LockService).isLocked('account:1')).toBe(false);
+  });
+
+  it('locks request-scoped command handlers: each command gets its own handler, and two commands for one account wait for each other', async () => {
+    journal.length = 0;
+    const bus = a.get(CommandBus);
+    const first = gate();
+    holds.set('P1', first);
+    const acquired = nextEvent(a.get(LockService).events$, 'acquired', (e) => e.key === 'account:5');
+    const paid = [bus.execute(new Pay(5, 'P1'))];
+    await acquired;
+    const contended = nextEvent(a.get(LockService).events$, 'contended', (e) => e.key === 'account:5');
+    paid.push(bus.execute(new Pay(5, 'P2')));
+    await contended;
+    expect(journal).toEqual(['P1 enter x1']);
+    first.open();
+    const handlers = await Promise.all(paid);
+    expect(new Set(handlers).size).toBe(2);
+    expect(oneAtATime(journal, ' enter x1')).toBe(true);
+    expect(journal).toHaveLength(4);
   });
 
   it("re-enters from a command the handler executes, and from an event it publishes, whose handler keeps the lock after the command returns", async () => {
