@@ -4,7 +4,8 @@
 // the newest (Nest 12, ioredis 6, from the root): compat/nest11 holds Nest 11.0.0 with ioredis 5.9.0,
 // compat/nest12 the oldest Nest 12 with ioredis 6.0.0, both with rxjs 7.2.0 and reflect-metadata
 // 0.1.13, and each with the @nestjs/graphql, @nestjs/apollo and @nestjs/mercurius of its Nest
-// major (the GraphQL test), its @nestjs/swagger (the OpenAPI test) and its @nestjs/cqrs (the CQRS test). NEST_MAJOR=11 alone means NEST_COMPAT=nest11.
+// major (the GraphQL test), its @nestjs/swagger (the OpenAPI test) and its @nestjs/cqrs (the CQRS
+// test). NEST_MAJOR=11 alone means NEST_COMPAT=nest11.
 import { swcOptions } from './scripts/compile-ts.mjs';
 
 const compatDir = process.env.NEST_COMPAT || (process.env.NEST_MAJOR === '11' ? 'nest11' : '');

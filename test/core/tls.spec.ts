@@ -135,8 +135,8 @@ describe('Redis Cluster over TLS', () => {
       // No connection of either application reached a plain port; the lock's scripts ran on a TLS one.
       expect(await counts(plainPorts)).toEqual(plainBefore);
       const slot = Number(await cluster.node(cluster.servers[0]!).cluster('KEYSLOT', 'lock:{tls:cluster}'));
-      const slotOwner = cluster.servers.indexOf(await cluster.ownerOf(slot));
-      expect(await connectionsOn(cluster.node(cluster.servers[slotOwner]!), tlsPorts[slotOwner]!)).toBeGreaterThanOrEqual(2);
+      const owner = await cluster.ownerOf(slot);
+      expect(await connectionsOn(cluster.node(owner), tlsPorts[cluster.servers.indexOf(owner)]!)).toBeGreaterThanOrEqual(2);
     } finally {
       await holders.close();
       await waiters.close();

@@ -1,11 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Module, type INestApplicationContext } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import type { INestApplicationContext } from '@nestjs/common';
 import { BullModule, getQueueToken, OnWorkerEvent, Processor, WorkerHost } from '@nestjs/bullmq';
 import { QueueEvents, type Job, type Queue } from 'bullmq';
 import { merge } from 'rxjs';
-import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent, nextEvents, oneAtATime } from '../support/lock-testing.js';
+import { Locked, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { gate, nextEvent, nextEvents, oneAtATime, startInstance } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 interface Transfer {
@@ -26,7 +25,7 @@ let failed = gate<void>();
  * One instance of an app with two BullMQ processors: `ledger` waits for the lock (the module's
  * default), `audit` fails the attempt at once when the account is locked, and BullMQ retries it.
  */
-async function startInstance(name: string, connection: { host: string; port: number }, concurrency: number): Promise<INestApplicationContext> {
+async function startBullInstance(name: string, connection: { host: string; port: number }, concurrency: number): Promise<INestApplicationContext> {
   @Processor('ledger', { concurrency })
   class LedgerProcessor extends WorkerHost {
     constructor(readonly locks: LockService) {
@@ -58,20 +57,11 @@ async function startInstance(name: string, connection: { host: string; port: num
     }
   }
 
-  @Module({
-    imports: [
-      LockModule.forRoot({ redis: `redis://${connection.host}:${connection.port}`, isGlobal: true }),
-      BullModule.forRoot({ connection }),
-      BullModule.registerQueue({ name: 'ledger' }, { name: 'audit' }),
-    ],
+  return startInstance(`redis://${connection.host}:${connection.port}`, {
+    imports: [BullModule.forRoot({ connection }), BullModule.registerQueue({ name: 'ledger' }, { name: 'audit' })],
     providers: [LedgerProcessor, AuditProcessor],
-  })
-  class InstanceModule {}
-  const app = await NestFactory.createApplicationContext(InstanceModule, { logger: new CapturingLogger() });
-  await app.init();
-  return app;
+  });
 }
-
 
 describe('@Locked process() of @nestjs/bullmq processors', () => {
   let redis: RedisServer;
@@ -83,8 +73,8 @@ describe('@Locked process() of @nestjs/bullmq processors', () => {
     const connection = { host: '127.0.0.1', port: redis.port };
     // Five job slots in all: while one job holds an account, three more for it take three of the
     // other four (at least one of them in the other instance), and one is left for another account.
-    a = await startInstance('A', connection, 2);
-    b = await startInstance('B', connection, 3);
+    a = await startBullInstance('A', connection, 2);
+    b = await startBullInstance('B', connection, 3);
     for (const name of ['ledger', 'audit']) {
       const events = new QueueEvents(name, { connection });
       await events.waitUntilReady();

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Injectable, Module, Scope, type INestApplicationContext } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { Injectable, Scope, type INestApplicationContext } from '@nestjs/common';
 import {
   CommandBus,
   CommandHandler,
@@ -12,8 +11,8 @@ import {
   type IEventHandler,
 } from '@nestjs/cqrs';
 import { firstValueFrom } from 'rxjs';
-import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent, oneAtATime } from '../support/lock-testing.js';
+import { Locked, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent, oneAtATime, startInstance } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 class Deposit {
@@ -156,18 +155,6 @@ class AuditedHandler implements IEventHandler<Audited> {
   }
 }
 
-async function startInstance(redisUrl: string, logger: CapturingLogger): Promise<INestApplicationContext> {
-  @Module({
-    imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), CqrsModule.forRoot()],
-    providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler, PayHandler, PerCommand],
-  })
-  class InstanceModule {}
-  const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
-  await app.init();
-  return app;
-}
-
-
 describe('@Locked command and event handlers of @nestjs/cqrs', () => {
   let redis: RedisServer;
   let a: INestApplicationContext;
@@ -176,8 +163,12 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
   const logger = new CapturingLogger();
   beforeAll(async () => {
     redis = await RedisServer.start();
-    a = await startInstance(redis.url, logger);
-    b = await startInstance(redis.url, logger);
+    const instance = {
+      imports: [CqrsModule.forRoot()],
+      providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler, PayHandler, PerCommand],
+    };
+    a = await startInstance(redis.url, instance, logger);
+    b = await startInstance(redis.url, instance, logger);
   });
   afterAll(async () => {
     // A failed test may leave a handler waiting at its gate.

@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Injectable, Module, type INestApplicationContext } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { Injectable, type INestApplicationContext } from '@nestjs/common';
 import { EventEmitter2, EventEmitterModule, OnEvent } from '@nestjs/event-emitter';
-import { Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, gate, nextEvent, oneAtATime } from '../support/lock-testing.js';
+import { Locked, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { CapturingLogger, gate, nextEvent, oneAtATime, startInstance } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 interface OrderEvent {
@@ -73,18 +72,6 @@ class OrderListeners {
   }
 }
 
-async function startInstance(redisUrl: string, logger: CapturingLogger): Promise<INestApplicationContext> {
-  @Module({
-    imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), EventEmitterModule.forRoot()],
-    providers: [OrderListeners],
-  })
-  class InstanceModule {}
-  const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
-  await app.init();
-  return app;
-}
-
-
 describe('@Locked @OnEvent listeners of @nestjs/event-emitter', () => {
   let redis: RedisServer;
   let a: INestApplicationContext;
@@ -93,8 +80,9 @@ describe('@Locked @OnEvent listeners of @nestjs/event-emitter', () => {
   const logger = new CapturingLogger();
   beforeAll(async () => {
     redis = await RedisServer.start();
-    a = await startInstance(redis.url, logger);
-    b = await startInstance(redis.url, logger);
+    const instance = { imports: [EventEmitterModule.forRoot()], providers: [OrderListeners] };
+    a = await startInstance(redis.url, instance, logger);
+    b = await startInstance(redis.url, instance, logger);
   });
   afterAll(async () => {
     await a?.close();

@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Inject, Injectable, Module, type INestApplicationContext } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { Inject, Injectable, type INestApplicationContext } from '@nestjs/common';
 import { Cron, Interval, ScheduleModule, Timeout } from '@nestjs/schedule';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Locked, LockModule, LockService } from '../../lib/index.js';
-import { CapturingLogger, nextEvent } from '../support/lock-testing.js';
+import { Locked, LockService } from '../../lib/index.js';
+import { nextEvent, startInstance } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
 interface Run {
@@ -57,15 +56,8 @@ class CronJobs {
   }
 }
 
-async function startInstance(redisUrl: string, instance: string, providers: (new (...args: never[]) => object)[]): Promise<INestApplicationContext> {
-  @Module({
-    imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), ScheduleModule.forRoot()],
-    providers: [{ provide: INSTANCE, useValue: instance }, ...providers],
-  })
-  class InstanceModule {}
-  const app = await NestFactory.createApplicationContext(InstanceModule, { logger: new CapturingLogger() });
-  await app.init();
-  return app;
+function startJobs(redisUrl: string, instance: string, providers: (new (...args: never[]) => object)[]): Promise<INestApplicationContext> {
+  return startInstance(redisUrl, { imports: [ScheduleModule.forRoot()], providers: [{ provide: INSTANCE, useValue: instance }, ...providers] });
 }
 
 describe('@Locked scheduled jobs across two instances', () => {
@@ -80,7 +72,7 @@ describe('@Locked scheduled jobs across two instances', () => {
   });
 
   it('runs a @Cron job firing every second exactly once per tick across both instances, in both decorator orders', async () => {
-    apps.push(await startInstance(redis.url, 'A', [CronJobs]), await startInstance(redis.url, 'B', [CronJobs]));
+    apps.push(await startJobs(redis.url, 'A', [CronJobs]), await startJobs(redis.url, 'B', [CronJobs]));
     await Promise.all([journal.until('below', 6), journal.until('above', 6)]);
     await Promise.all(apps.splice(0).map((a) => a.close()));
     for (const job of ['below', 'above']) {
@@ -122,9 +114,9 @@ describe('@Locked with minHoldMs on a skewed second instance', () => {
   }
 
   it('does not re-run a tick on an instance whose trigger fires 300 ms late; without minHoldMs it does', async () => {
-    apps.push(await startInstance(redis.url, 'A', [IntervalJobs]));
+    apps.push(await startJobs(redis.url, 'A', [IntervalJobs]));
     await sleep(300); // the skew between the two instances' triggers: the scenario itself
-    apps.push(await startInstance(redis.url, 'B', [IntervalJobs]));
+    apps.push(await startJobs(redis.url, 'B', [IntervalJobs]));
     await journal.until('held', 4);
     await journal.until('bare', 8);
     await Promise.all(apps.splice(0).map((a) => a.close()));
@@ -155,7 +147,7 @@ describe('@Locked @Timeout jobs', () => {
   }
 
   it('runs a one-off @Timeout job on one of two instances', async () => {
-    const apps = await Promise.all([startInstance(redis.url, 'A', [StartupJobs]), startInstance(redis.url, 'B', [StartupJobs])]);
+    const apps = await Promise.all([startJobs(redis.url, 'A', [StartupJobs]), startJobs(redis.url, 'B', [StartupJobs])]);
     // One instance runs the job; the other's trigger finds the lock held and skips.
     const skipped = Promise.race(apps.map((a) => nextEvent(a.get(LockService).events$, 'skipped', (e) => e.key === 'startup:migrate')));
     await Promise.all([journal.until('migrate', 1), skipped]);

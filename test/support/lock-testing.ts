@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, expect } from '@jest/globals';
-import type { INestApplication, LoggerService } from '@nestjs/common';
+import { Module, type INestApplication, type INestApplicationContext, type LoggerService, type ModuleMetadata } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
@@ -57,6 +58,23 @@ export async function startLockApp(options: LockModuleOptions): Promise<LockApp>
     .compile();
   await moduleRef.init();
   return { moduleRef, locks: moduleRef.get(LockService), logger, close: () => moduleRef.close() };
+}
+
+/**
+ * One instance of an application, as a deployment runs several: a Nest application context with
+ * `LockModule.forRoot({ redis: redisUrl, isGlobal: true })`, the other `imports` and the
+ * `providers`, initialised (so its schedulers, listeners, workers and handlers are registered).
+ */
+export async function startInstance(
+  redisUrl: string,
+  { imports = [], providers = [] }: Pick<ModuleMetadata, 'imports' | 'providers'>,
+  logger: LoggerService = new CapturingLogger(),
+): Promise<INestApplicationContext> {
+  @Module({ imports: [LockModule.forRoot({ redis: redisUrl, isGlobal: true }), ...imports], providers })
+  class InstanceModule {}
+  const app = await NestFactory.createApplicationContext(InstanceModule, { logger });
+  await app.init();
+  return app;
 }
 
 /** What `usePrivateLockApp` starts for a describe block. */
