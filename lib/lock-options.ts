@@ -8,6 +8,10 @@ import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from './lock.constants.js';
 export const MAX_DURATION_MS = 2_147_483_647;
 /** The shortest lease accepted. Shorter leases cannot be renewed reliably over a network. */
 export const MIN_LEASE_MS = 100;
+/** The default `stepTimeoutMs`: how long a lock step waits for Redis before it gives up. */
+const DEFAULT_STEP_TIMEOUT_MS = 1_000;
+/** The shortest `stepTimeoutMs`: a bound under a round trip or two would give up on a Redis that merely answers. */
+const MIN_STEP_TIMEOUT_MS = 100;
 /** The shortest `fencingCounterTtlMs`: tokens stay increasing only across clock steps back shorter than it. */
 export const MIN_FENCING_COUNTER_TTL_MS = 1_000;
 
@@ -49,6 +53,17 @@ export interface LockModuleOptions {
    * start-up if it does not. `0` skips the check. Default 10 000.
    */
   connectTimeoutMs?: number;
+  /**
+   * How long a lock step waits for Redis to answer before it gives up, in ms: a release,
+   * `extend()`, `isLocked()`, `holdCount()`, `remainingTtl()`, `forceUnlock()`, and a waiter leaving
+   * its queue; an acquisition attempt waits the rest of its `waitMs`, but never less than this. A
+   * step given up on rejects with `LockBackendError` (`run()` and `@Locked` then log the failed
+   * release and return the handler's result); Redis still runs it if it comes back. Renewals are
+   * not bounded by it (the lease deadline is their bound). With `replication`, each bound grows by
+   * 2 × its `timeoutMs`; under `redlock` it bounds each node's answer, and a node's acquisition
+   * attempt waits at most half of it. Default 1 000; from 100.
+   */
+  stepTimeoutMs?: number;
   /** What a `@Locked` method does when another owner holds its lock. Default `'wait'`. */
   onContention?: ContentionPolicy;
   /** Default `minHoldMs` of `@Locked` methods. Default 0. */
@@ -209,6 +224,7 @@ export interface ResolvedModuleOptions {
   watchdog: boolean;
   waitMs: number;
   connectTimeoutMs: number;
+  stepTimeoutMs: number;
   onContention: ContentionPolicy;
   minHoldMs: number;
   contendedHttpStatus: 409 | 423;
@@ -238,6 +254,7 @@ const MODULE_OPTION_NAMES = [
   'watchdog',
   'waitMs',
   'connectTimeoutMs',
+  'stepTimeoutMs',
   'onContention',
   'minHoldMs',
   'contendedHttpStatus',
@@ -303,6 +320,7 @@ export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
     watchdog: bool(o.watchdog, 'watchdog', where, true),
     waitMs: duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 10_000, infinity: true }),
     connectTimeoutMs: duration(o.connectTimeoutMs, 'connectTimeoutMs', where, { min: 0, fallback: 10_000 }),
+    stepTimeoutMs: duration(o.stepTimeoutMs, 'stepTimeoutMs', where, { min: MIN_STEP_TIMEOUT_MS, fallback: DEFAULT_STEP_TIMEOUT_MS }),
     onContention: contentionOption(o.onContention, where, 'wait'),
     minHoldMs: duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 }),
     contendedHttpStatus: httpStatusOption(o.contendedHttpStatus, where),

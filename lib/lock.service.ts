@@ -39,14 +39,6 @@ import { MemoryLockStore } from './store/memory/memory-lock.store.js';
 import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
 import { RedlockStore } from './store/redlock/redlock.store.js';
 
-/** An acquisition attempt that Redis does not answer is abandoned after the remaining wait, but never sooner than this (plus the store's confirmMs; Redlock's node timeout stays below it). */
-const MIN_ATTEMPT_MS = 1_000;
-/**
- * How long a release, extend(), read or force-unlock waits for Redis (plus the store's confirmMs;
- * Redlock bounds its steps per node). Redis may still run the command later: each of these is safe
- * to run late.
- */
-const STEP_TIMEOUT_MS = 1_000;
 /** What to do about `LockModule.forRoot()` imported more than once (the bootstrap warning and the refusal of refuseOwnLock). */
 const IMPORT_ONCE = 'Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.';
 
@@ -501,7 +493,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       debug: (m: string) => this.logger.debug(m),
       warn: (m: string) => this.logger.warn(m),
     };
-    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs, fencingTokens } = this.options;
+    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs, fencingTokens, stepTimeoutMs } = this.options;
     if (this.options.store === 'memory') return new MemoryLockStore();
     if (redlock) {
       const nodes = redlock.clients.map((connection) => {
@@ -510,7 +502,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, 0);
         return { name: store.description.replace(/^redis /, ''), store };
       });
-      return new RedlockStore(nodes, redlock.driftFactor);
+      return new RedlockStore(nodes, redlock.driftFactor, stepTimeoutMs);
     }
     // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
     const { client, owned } = this.lockConnection(redis);
@@ -803,13 +795,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * Waits for an acquisition request for the remaining wait, but never less than MIN_ATTEMPT_MS
+   * Waits for an acquisition request for the remaining wait, but never less than stepTimeoutMs
    * and the time the store may wait for replicas (confirmMs).
    * If Redis does not answer in time, the attempt is abandoned (LockBackendError); should it still
    * be granted later, `giveBack` returns that grant at once so no orphan lock stays until its lease ends.
    */
   private bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
-    const limit = Math.max(deadline - start, MIN_ATTEMPT_MS + (this.store.confirmMs ?? 0));
+    const limit = Math.max(deadline - start, this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
     return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
         request.then(giveBack, () => undefined).then(undefined, () => undefined);
@@ -1050,14 +1042,15 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * A step a caller awaits, bounded by STEP_TIMEOUT_MS: a Redis that stops answering (frozen, or cut
-   * off with no reset) must not hold up the handler's result, which ioredis would do until the
-   * connection closes. A step given up on may still run later, and each of these is safe late: a
+   * A step a caller awaits (a release, extend(), a read, a force-unlock, leaving a queue), bounded
+   * by the module's stepTimeoutMs plus the store's confirmMs (Redlock bounds its steps per node): a
+   * Redis that stops answering (frozen, or cut off with no reset) must not hold up the handler's
+   * result, which ioredis would do until the connection closes. A step given up on may still run later, and each of these is safe late: a
    * release or renewal names its owner, whose later steps on the same connection come after it.
    */
   private step<T>(request: Promise<T>): Promise<T> {
     if (this.store.boundsSteps) return request;
-    const limit = STEP_TIMEOUT_MS + (this.store.confirmMs ?? 0);
+    const limit = this.options.stepTimeoutMs + (this.store.confirmMs ?? 0);
     return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time);
   }
 

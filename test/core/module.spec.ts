@@ -113,6 +113,8 @@ describe('LockModule', () => {
     [{ leaseMS: 1000 }, 'leaseMS', /unknown option "leaseMS" \(did you mean "leaseMs"\?\)/],
     [{ ttl: 1000 }, 'ttl', /unknown option "ttl"\. Known options: store, redis, keyPrefix/],
     [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],
+    [{ stepTimeoutMs: 50 }, 'stepTimeoutMs', /stepTimeoutMs must be a whole number of milliseconds from 100 to 2147483647; got 50/],
+    [{ stepTimeoutMs: Infinity }, 'stepTimeoutMs', /stepTimeoutMs must be .*; got Infinity/],
     [{ fencingCounterTtlMs: 500 }, 'fencingCounterTtlMs', /fencingCounterTtlMs must be a whole number of milliseconds from 1000 to 2147483647; got 500/],
     [{ fencingCounterTtlMs: Infinity }, 'fencingCounterTtlMs', /got Infinity/],
     [

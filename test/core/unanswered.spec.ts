@@ -125,3 +125,71 @@ describe('steps that Redis does not answer', () => {
     expect(left.sort()).toEqual(['lock:{frozen:fair}:fence', 'lock:{frozen:rw}:fence']);
   });
 });
+
+/**
+ * `stepTimeoutMs` sets that bound: shorter for an app that would rather fail fast, longer for one
+ * whose Redis has pauses of its own (a fork for a snapshot of a large dataset, a distant region).
+ */
+describe('stepTimeoutMs', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  let patient: LockApp;
+  usePrivateLockApp({ leaseMs: 30_000, stepTimeoutMs: 250 }, (started) => ({ redis, app, other: patient } = started), { leaseMs: 30_000, stepTimeoutMs: 3_000 });
+
+  it('a shorter bound: every step and an acquisition attempt that does not wait give up after it, long before the default 1000 ms', async () => {
+    const lock = await app.locks.acquire('bound:short');
+    const other = await app.locks.acquire('bound:short-other');
+    redis.pause();
+    const started = performance.now();
+    const results = await within(
+      Promise.allSettled([
+        lock.extend(20_000),
+        app.locks.isLocked('bound:short'),
+        app.locks.remainingTtl('bound:short'),
+        app.locks.holdCount('bound:short', { owner: lock.owner }),
+        app.locks.forceUnlock('bound:short-other'),
+        app.locks.acquire('bound:short-free', { waitMs: 0 }),
+        lock.release(),
+      ]),
+      5_000,
+    ).finally(() => redis.resume());
+    const waited = performance.now() - started;
+    for (const result of results) {
+      expect(result.status).toBe('rejected');
+      const error = (result as PromiseRejectedResult).reason as LockBackendError;
+      expect(error).toBeInstanceOf(LockBackendError);
+      expect(error.message).toMatch(/: no answer within 250 ms\./);
+    }
+    expect(waited).toBeLessThan(900);
+    // Each step still ran once Redis was back, in order: the release freed the lock, the
+    // force-unlock deleted the other, and the attempt's late grant was given back.
+    expect(await app.locks.isLocked('bound:short')).toBe(false);
+    expect(await app.locks.isLocked('bound:short-other')).toBe(false);
+    await until(async () => !(await app.locks.isLocked('bound:short-free')), 5_000, 'the late grant was never given back');
+    await other.release().catch(() => undefined);
+  });
+
+  it('a longer bound: a Redis that stops answering for 1.5 s delays a release, and it still succeeds', async () => {
+    const failed: unknown[] = [];
+    const subscription = patient.locks.events$.subscribe((e) => e.type === 'release-failed' && failed.push(e));
+    const released = nextEvent(patient.locks.events$, 'released', (e) => e.key === 'bound:long');
+    try {
+      const value = await within(
+        patient.locks.run('bound:long', () => {
+          redis.pause();
+          // The outage's own length, not a wait for anything: Redis comes back after 1.5 s.
+          setTimeout(() => redis.resume(), 1_500);
+          return 'done';
+        }),
+        6_000,
+      ).finally(() => redis.resume());
+      expect(value).toBe('done');
+      await released;
+      expect(failed).toEqual([]);
+      expect(patient.logger.at('error')).toEqual([]);
+      expect(await patient.locks.isLocked('bound:long')).toBe(false);
+    } finally {
+      subscription.unsubscribe();
+    }
+  });
+});

@@ -126,6 +126,29 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it('bounds each node\'s answer to a step by stepTimeoutMs: with every node frozen, a release and a read give up after it', async () => {
+    const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 300 });
+    try {
+      const lock = await brief.locks.acquire('rl:brief');
+      for (const node of nodes) node.pause();
+      const started = performance.now();
+      const [read, release] = await Promise.allSettled([brief.locks.isLocked('rl:brief'), lock.release()]).finally(() => nodes.forEach((n) => n.resume()));
+      // The default (1 000 ms per node) would take more than this.
+      expect(performance.now() - started).toBeLessThan(900);
+      for (const result of [read, release]) {
+        expect(result.status).toBe('rejected');
+        const cause = ((result as PromiseRejectedResult).reason as Error).cause as LockQuorumError;
+        expect(cause).toBeInstanceOf(LockQuorumError);
+        expect(cause.votes.map((v) => v.error)).toEqual(['no answer within 300 ms', 'no answer within 300 ms', 'no answer within 300 ms']);
+      }
+      // The nodes ran the release once they were back.
+      await until(async () => (await holders('rl:brief')).length === 0, 5_000, 'the release never ran on the resumed nodes');
+    } finally {
+      nodes.forEach((n) => n.resume());
+      await brief.close();
+    }
+  });
+
   it('wakes a waiter at the release while the first node is frozen: it listens on a node that confirmed its subscription', async () => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
     nodes[0]!.pause();

@@ -13,14 +13,13 @@ export interface RedlockNode {
 type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
 
 /**
- * Per-node timeout of one step: a tenth of the lease, from 50 to 500 ms (a down node must not eat the
- * validity). Well below the 1 s that LockService gives any acquisition attempt at least, so a call that
- * does not wait (waitMs under 1 s) gets this store's answer (LockQuorumError with each node's vote)
- * rather than LockService's own "no answer" bound.
+ * Per-node timeout of one acquisition or renewal: a tenth of the lease, from 50 to 500 ms (a down
+ * node must not eat the validity), and at most half the step timeout. So it stays well below the
+ * step timeout that LockService gives any acquisition attempt at least, and a call that does not
+ * wait (waitMs under it) gets this store's answer (LockQuorumError with each node's vote) rather
+ * than LockService's own "no answer" bound.
  */
-const nodeTimeout = (leaseMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 500);
-/** Steps without a lease (inspect, release, force-unlock) wait for a node this long. */
-const STEP_TIMEOUT_MS = 1_000;
+const nodeTimeout = (leaseMs: number, stepTimeoutMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 500, Math.floor(stepTimeoutMs / 2));
 
 /**
  * The Redlock algorithm over N independent masters (N odd, at least 3), each running the same
@@ -44,7 +43,7 @@ const STEP_TIMEOUT_MS = 1_000;
  */
 export class RedlockStore implements LockStore {
   readonly description: string;
-  /** Each step waits for a node at most STEP_TIMEOUT_MS (renewals: the node timeout). */
+  /** Each step waits for a node at most stepTimeoutMs (acquisitions and renewals: the node timeout). */
   readonly boundsSteps = true;
   readonly quorum: number;
   readonly supportsFairMode = false;
@@ -52,6 +51,8 @@ export class RedlockStore implements LockStore {
   constructor(
     private readonly nodes: readonly RedlockNode[],
     readonly driftFactor: number,
+    /** How long steps without a lease (inspect, release, force-unlock, abandon) wait for a node: the module's stepTimeoutMs. */
+    private readonly stepTimeoutMs: number,
   ) {
     this.quorum = Math.floor(nodes.length / 2) + 1;
     this.description = `redlock over ${nodes.map((n) => n.name).join(', ')}`;
@@ -103,7 +104,7 @@ export class RedlockStore implements LockStore {
       return holds === undefined || !counted ? holds : holds - 1;
     });
     const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
-    const answers = await gather(calls, nodeTimeout(leaseMs), (got, pending) => {
+    const answers = await gather(calls, nodeTimeout(leaseMs, this.stepTimeoutMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
       if (granted >= this.quorum) return true;
       if (granted + pending >= this.quorum) return false;
@@ -137,17 +138,17 @@ export class RedlockStore implements LockStore {
   }
 
   async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
-    const answers = await this.everyNode((s) => s.release(key, owner, mode, undefined, holdsHere), STEP_TIMEOUT_MS, 'release', key);
+    const answers = await this.everyNode((s) => s.release(key, owner, mode, undefined, holdsHere), this.stepTimeoutMs, 'release', key);
     return Math.max(-1, ...answers.flatMap((a) => (a?.ok ? [a.value] : [])));
   }
 
   async releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean> {
-    const answers = await this.everyNode((s) => s.releaseAll(key, owner, mode), STEP_TIMEOUT_MS, 'release', key);
+    const answers = await this.everyNode((s) => s.releaseAll(key, owner, mode), this.stepTimeoutMs, 'release', key);
     return answers.some((a) => a?.ok && a.value);
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    const timeoutMs = nodeTimeout(Math.min(...entries.map((e) => e.leaseMs)));
+    const timeoutMs = nodeTimeout(Math.min(...entries.map((e) => e.leaseMs)), this.stepTimeoutMs);
     // Per lock: true (a quorum renewed it), false (a majority said no), undefined (not decided yet).
     const decide = (got: readonly (Answer<boolean[]> | undefined)[]) =>
       entries.map((_, i) => {
@@ -169,7 +170,7 @@ export class RedlockStore implements LockStore {
   }
 
   async inspect(key: string, owner: string | undefined, mode?: LockMode): Promise<LockState> {
-    const answers = await this.everyNode((s) => s.inspect(key, owner, mode), STEP_TIMEOUT_MS, 'inspect', key, (got) => {
+    const answers = await this.everyNode((s) => s.inspect(key, owner, mode), this.stepTimeoutMs, 'inspect', key, (got) => {
       // Decided once a quorum says locked, or too many say free for a quorum to be left.
       const locked = got.filter((a) => a?.ok && a.value.locked).length;
       const free = got.filter((a) => a?.ok && !a.value.locked).length;
@@ -184,12 +185,12 @@ export class RedlockStore implements LockStore {
   }
 
   async forceUnlock(key: string): Promise<boolean> {
-    const answers = await this.everyNode((s) => s.forceUnlock(key), STEP_TIMEOUT_MS, 'forceUnlock', key);
+    const answers = await this.everyNode((s) => s.forceUnlock(key), this.stepTimeoutMs, 'forceUnlock', key);
     return answers.some((a) => a?.ok && a.value);
   }
 
   async abandon(key: string, owner: string, mode: LockMode): Promise<void> {
-    await this.everyNode((s) => s.abandon(key, owner, mode, false), STEP_TIMEOUT_MS, 'abandon', key).catch(() => undefined);
+    await this.everyNode((s) => s.abandon(key, owner, mode, false), this.stepTimeoutMs, 'abandon', key).catch(() => undefined);
   }
 
   /**
