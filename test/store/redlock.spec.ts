@@ -149,6 +149,22 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it('waits for a node\'s answer to an acquisition at most half of stepTimeoutMs (a tenth of the 30 s lease would be 500 ms)', async () => {
+    const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 100 });
+    try {
+      nodes[1]!.pause();
+      nodes[2]!.pause();
+      const failure = await brief.locks.acquire('rl:brief-attempt', { waitMs: 0 }).catch((e: unknown) => e).finally(() => nodes.forEach((n) => n.resume()));
+      expect(failure).toBeInstanceOf(LockQuorumError);
+      expect((failure as LockQuorumError).votes.map((v) => v.error)).toEqual([undefined, 'no answer within 50 ms', 'no answer within 50 ms']);
+      // The first node's grant, and the late ones, are given back.
+      await until(async () => (await holders('rl:brief-attempt')).length === 0, 5_000, 'a grant stayed behind');
+    } finally {
+      nodes.forEach((n) => n.resume());
+      await brief.close();
+    }
+  });
+
   it('wakes a waiter at the release while the first node is frozen: it listens on a node that confirmed its subscription', async () => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
     nodes[0]!.pause();
