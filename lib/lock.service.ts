@@ -322,13 +322,24 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   async forceUnlock(key: string): Promise<boolean> {
     assertLockKey(key, 'LockService.forceUnlock()');
     let existed: boolean;
+    const request = this.store.forceUnlock(key);
     try {
-      existed = await this.step(this.store.forceUnlock(key));
+      existed = await this.step(request);
     } catch (error) {
+      // Given up on, but sent: Redis runs it if it comes back, and this process's holders of the key
+      // are told when its reply comes, as when it is answered in time, rather than at their next
+      // renewal. An acquisition sent after its delete script, on the same connection, runs after it
+      // and is answered after it, so it is not among them.
+      if (error instanceof AttemptTimeout) request.then(() => this.forceUnlocked(key), () => undefined);
       throw new LockBackendError('forceUnlock', key, error);
     }
-    for (const lock of [...this.held.values()]) if (lock.key === key) void this.markLost(lock, 'taken');
+    this.forceUnlocked(key);
     return existed;
+  }
+
+  /** A force-unlock of `key` ran in Redis: every hold of it in this process is gone. */
+  private forceUnlocked(key: string): void {
+    for (const lock of [...this.held.values()]) if (lock.key === key) void this.markLost(lock, 'taken');
   }
 
   /**
@@ -1045,8 +1056,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * A step a caller awaits (a release, extend(), a read, a force-unlock, leaving a queue), bounded
    * by the module's stepTimeoutMs plus the store's confirmMs (Redlock bounds its steps per node): a
    * Redis that stops answering (frozen, or cut off with no reset) must not hold up the handler's
-   * result, which ioredis would do until the connection closes. A step given up on may still run later, and each of these is safe late: a
-   * release or renewal names its owner, whose later steps on the same connection come after it.
+   * result, which ioredis would do until the connection closes. A step given up on may still run
+   * later, and each of these is safe late: a release or renewal names its owner, whose later steps
+   * on the same connection come after it.
    */
   private step<T>(request: Promise<T>): Promise<T> {
     if (this.store.boundsSteps) return request;

@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError, type LockHandle } from '../../lib/index.js';
+import { LockBackendError, type LockHandle, type LockLostError } from '../../lib/index.js';
 import { until, type RedisServer } from '../support/redis-server.js';
 import { asleep, nextEvent, nextEvents, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
@@ -78,6 +78,8 @@ describe('steps that Redis does not answer', () => {
   it('release(), extend(), the reads and forceUnlock() reject with LockBackendError, and leave the lock as Redis then finds it', async () => {
     const lock: LockHandle = await app.locks.acquire('frozen:steps');
     const other = await app.locks.acquire('frozen:other');
+    // Within 5 s: the watchdog's first renewal of the 30 s lease comes at 10 s.
+    const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'frozen:other', 5_000);
     const results = await frozen(() => {
       redis.pause();
       return Promise.allSettled([
@@ -95,11 +97,42 @@ describe('steps that Redis does not answer', () => {
       expect(error).toBeInstanceOf(LockBackendError);
       expect(error.message).toMatch(BOUND);
     }
-    // The force-unlock ran late, so this process learns of it from its next renewal, not at once.
-    expect(other.signal.aborted).toBe(false);
+    // The force-unlock ran late, and its holder here is told when its reply comes, not at its next renewal.
+    expect((await lost).reason).toBe('taken');
+    expect((other.signal.reason as LockLostError).reason).toBe('taken');
     expect(await app.locks.isLocked('frozen:steps')).toBe(false);
     expect(await app.locks.isLocked('frozen:other')).toBe(false);
     await other.release();
+  });
+
+  it('a force-unlock that ran late tells the holders it deleted, not an acquisition sent after it (Redis ran that one after the force-unlock)', async () => {
+    const before = await app.locks.acquire('frozen:late');
+    const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'frozen:late', 5_000);
+    redis.pause();
+    let after: Promise<LockHandle> | undefined;
+    try {
+      const failure = await within(app.locks.forceUnlock('frozen:late'), 5_000).catch((e: unknown) => e);
+      expect(failure).toBeInstanceOf(LockBackendError);
+      // Another owner of this process asks for the key while Redis is still frozen: its attempt
+      // is sent after the force-unlock, on the same connection.
+      // (A 600 ms lease renewed by the watchdog every 200 ms, so the test can wait for renewals.)
+      after = app.locks.acquire('frozen:late', { waitMs: 10_000, leaseMs: 600, watchdog: true });
+    } finally {
+      redis.resume();
+    }
+    const taken = await lost;
+    expect(taken.owner).toBe(before.owner);
+    expect(taken.reason).toBe('taken');
+    const next = await after!;
+    expect(next.owner).not.toBe(before.owner);
+    // Redis ran the attempt after the force-unlock: the new holder holds the key, and a read
+    // sent after both (and answered after them) finds it held and untold.
+    expect(await app.locks.holdCount('frozen:late', { owner: next.owner })).toBe(1);
+    // Still untold two renewals later, which Redis granted.
+    for (let i = 0; i < 2; i++) await nextEvent(app.locks.events$, 'renewed', (e) => e.owner === next.owner);
+    expect(next.signal.aborted).toBe(false);
+    expect(app.logger.at('warn').filter((m) => m.includes('frozen:late'))).toHaveLength(1);
+    await next.release();
   });
 
   it('a fair waiter and a waiting writer whose wait ends while Redis does not answer reject with LockBackendError (leaving their queue is not waited for)', async () => {
