@@ -6,11 +6,14 @@ import {
   CqrsModule,
   EventBus,
   EventsHandler,
+  ofType,
+  Saga,
   UnhandledExceptionBus,
   type ICommandHandler,
+  type IEvent,
   type IEventHandler,
 } from '@nestjs/cqrs';
-import { firstValueFrom } from 'rxjs';
+import { firstValueFrom, map, type Observable } from 'rxjs';
 import { Locked, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { CapturingLogger, gate, nextEvent, oneAtATime, startInstance } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
@@ -155,6 +158,52 @@ class AuditedHandler implements IEventHandler<Audited> {
   }
 }
 
+class Open {
+  constructor(readonly account: number) {}
+}
+
+class Opened {
+  constructor(readonly account: number) {}
+}
+
+class Welcome {
+  constructor(readonly account: number) {}
+}
+
+/** Opened when the saga's command has run. */
+let welcomed = gate();
+
+// A locked command whose event a saga turns into another command for the same account, which it
+// waits for while it holds the lock.
+@CommandHandler(Open)
+class OpenHandler implements ICommandHandler<Open> {
+  constructor(private readonly events: EventBus) {}
+
+  @Locked('account:<0.account>')
+  async execute(command: Open) {
+    this.events.publish(new Opened(command.account));
+    await welcomed.promise;
+    journal.push('open exit');
+  }
+}
+
+@Injectable()
+class AccountSagas {
+  @Saga()
+  opened = (events$: Observable<IEvent>) => events$.pipe(ofType(Opened), map((event) => new Welcome(event.account)));
+}
+
+@CommandHandler(Welcome)
+class WelcomeHandler implements ICommandHandler<Welcome> {
+  constructor(private readonly locks: LockService) {}
+
+  @Locked('account:<0.account>')
+  async execute(command: Welcome) {
+    journal.push(`welcome enter x${await this.locks.holdCount(`account:${command.account}`)}`);
+    welcomed.open();
+  }
+}
+
 describe('@Locked command and event handlers of @nestjs/cqrs', () => {
   let redis: RedisServer;
   let a: INestApplicationContext;
@@ -165,7 +214,7 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
     redis = await RedisServer.start();
     const instance = {
       imports: [CqrsModule.forRoot()],
-      providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler, PayHandler, PerCommand],
+      providers: [DepositHandler, CloseHandler, ClosedHandler, WithdrawHandler, AuditHandler, AuditedHandler, PayHandler, PerCommand, OpenHandler, AccountSagas, WelcomeHandler],
     };
     a = await startInstance(redis.url, instance, logger);
     b = await startInstance(redis.url, instance, logger);
@@ -174,6 +223,7 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
     // A failed test may leave a handler waiting at its gate.
     for (const hold of holds.values()) hold.open();
     for (const step of Object.values(closeSteps)) step.open();
+    welcomed.open();
     await a?.close();
     await b?.close();
     await redis?.stop();
@@ -246,6 +296,22 @@ describe('@Locked command and event handlers of @nestjs/cqrs', () => {
     expect((await released).holdCount).toBe(0);
     expect(journal.at(-1)).toBe('closed exit');
     expect(await b.get(LockService).isLocked('account:3')).toBe(false);
+  });
+
+  it('re-enters from a command a saga makes of an event published inside a locked handler (the saga runs in the publisher\'s context)', async () => {
+    journal.length = 0;
+    welcomed = gate();
+    const contended: unknown[] = [];
+    const subscription = a.get(LockService).events$.subscribe((e) => e.type === 'contended' && contended.push(e));
+    try {
+      // Waiting for the saga's command instead of re-entering, this would wait out its 10 s and fail.
+      await a.get(CommandBus).execute(new Open(6));
+    } finally {
+      subscription.unsubscribe();
+    }
+    expect(journal).toEqual(['welcome enter x2', 'open exit']);
+    expect(contended).toEqual([]);
+    expect(await b.get(LockService).isLocked('account:6')).toBe(false);
   });
 
   it("rejects commandBus.execute() with a command handler's LockNotAcquiredError; publishes an event handler's on the UnhandledExceptionBus, with the event as its cause, and logs it", async () => {
