@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import type { INestApplicationContext } from '@nestjs/common';
+import { Injectable, Scope, type INestApplicationContext } from '@nestjs/common';
 import { BullModule, getQueueToken, OnWorkerEvent, Processor, WorkerHost } from '@nestjs/bullmq';
 import { QueueEvents, type Job, type Queue } from 'bullmq';
 import { merge } from 'rxjs';
@@ -21,11 +21,19 @@ const holds = new Map<string, ReturnType<typeof gate<void>>>();
 const failures: { by: string; attempt: number; error: Error }[] = [];
 let failed = gate<void>();
 
+let madeForJobs = 0;
+/** Made once per job: it makes PayoutProcessor request-scoped, so each job gets a new processor. */
+@Injectable({ scope: Scope.REQUEST })
+class PerJob {
+  readonly id = ++madeForJobs;
+}
+
 /**
  * One instance of an app with two BullMQ processors: `ledger` waits for the lock (the module's
- * default), `audit` fails the attempt at once when the account is locked, and BullMQ retries it.
+ * default), `audit` fails the attempt at once when the account is locked, and BullMQ retries it;
+ * and, with `payout`, a request-scoped processor with two slots.
  */
-async function startBullInstance(name: string, connection: { host: string; port: number }, concurrency: number): Promise<INestApplicationContext> {
+async function startBullInstance(name: string, connection: { host: string; port: number }, concurrency: number, payout = false): Promise<INestApplicationContext> {
   @Processor('ledger', { concurrency })
   class LedgerProcessor extends WorkerHost {
     constructor(readonly locks: LockService) {
@@ -57,9 +65,28 @@ async function startBullInstance(name: string, connection: { host: string; port:
     }
   }
 
+  @Processor('payout', { concurrency: 2 })
+  class PayoutProcessor extends WorkerHost {
+    constructor(
+      private readonly per: PerJob,
+      readonly locks: LockService,
+    ) {
+      super();
+    }
+
+    @Locked('account:<0.data.account>')
+    async process(job: Job<Transfer>) {
+      const { by } = job.data;
+      journal.push(`${by} enter x${await this.locks.holdCount(`account:${job.data.account}`)}`);
+      await holds.get(by)?.promise;
+      journal.push(`${by} exit`);
+      return this.per.id;
+    }
+  }
+
   return startInstance(`redis://${connection.host}:${connection.port}`, {
-    imports: [BullModule.forRoot({ connection }), BullModule.registerQueue({ name: 'ledger' }, { name: 'audit' })],
-    providers: [LedgerProcessor, AuditProcessor],
+    imports: [BullModule.forRoot({ connection }), BullModule.registerQueue({ name: 'ledger' }, { name: 'audit' }, { name: 'payout' })],
+    providers: [LedgerProcessor, AuditProcessor, ...(payout ? [PayoutProcessor, PerJob] : [])],
   });
 }
 
@@ -73,9 +100,9 @@ describe('@Locked process() of @nestjs/bullmq processors', () => {
     const connection = { host: '127.0.0.1', port: redis.port };
     // Five job slots in all: while one job holds an account, three more for it take three of the
     // other four (at least one of them in the other instance), and one is left for another account.
-    a = await startBullInstance('A', connection, 2);
+    a = await startBullInstance('A', connection, 2, true);
     b = await startBullInstance('B', connection, 3);
-    for (const name of ['ledger', 'audit']) {
+    for (const name of ['ledger', 'audit', 'payout']) {
       const events = new QueueEvents(name, { connection });
       await events.waitUntilReady();
       queueEvents.push(events);
@@ -154,5 +181,26 @@ describe('@Locked process() of @nestjs/bullmq processors', () => {
     const done = await audit.getJob(job.id!);
     expect(done?.attemptsMade).toBe(2);
     expect(done?.stacktrace?.join('\n')).toContain('LockNotAcquiredError');
+  });
+
+  it('locks request-scoped processors: each job gets its own processor, and two jobs for one account in one instance wait for each other', async () => {
+    journal.length = 0;
+    const payout = a.get<Queue<Transfer>>(getQueueToken('payout'));
+    const first = gate();
+    holds.set('P1', first);
+    const acquired = nextEvent(a.get(LockService).events$, 'acquired', (e) => e.key === 'account:8');
+    const jobs = [await payout.add('payout', { account: 8, by: 'P1' })];
+    await acquired;
+    const contended = nextEvent(a.get(LockService).events$, 'contended', (e) => e.key === 'account:8');
+    jobs.push(await payout.add('payout', { account: 8, by: 'P2' }));
+    await contended;
+    // Both jobs are in the instance's two slots; the second waits for the first's lock.
+    expect(await jobs[1]!.getState()).toBe('active');
+    expect(journal).toEqual(['P1 enter x1']);
+    first.open();
+    const processors = await Promise.all(jobs.map((job) => job.waitUntilFinished(queueEvents[2]!)));
+    expect(new Set(processors).size).toBe(2);
+    expect(journal).toEqual(['P1 enter x1', 'P1 exit', 'P2 enter x1', 'P2 exit']);
+    expect(await a.get(LockService).isLocked('account:8')).toBe(false);
   });
 });
