@@ -43,6 +43,12 @@ export const realTime: Time = {
 };
 
 /**
+ * `process.nextTick` as it was when this module loaded: a test's fake timers installed later (Jest's
+ * fake it by default) do not stop what nestjs-locked queues on it (replica confirmation's WAIT).
+ */
+export const realNextTick: (callback: () => void) => void = process.nextTick;
+
+/**
  * The globals, read at each call (a test may install fake timers after this module loaded): the
  * time of the memory store, whose leases live in this process, so that a test's fake timers move
  * its leases and the timers that wait for them alike.

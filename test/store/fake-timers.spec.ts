@@ -5,7 +5,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, type Subscription } from 'rxjs';
 import { Locked, LockBackendError, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
 import { CapturingLogger, elsewhere, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, replicaAcknowledges, until } from '../support/redis-server.js';
 
 /**
  * LockTestingModule under Jest's fake timers, the way apps test their scheduled jobs: the memory
@@ -167,6 +167,30 @@ describe("LockModule on Redis under Jest's fake timers", () => {
     expect(started).toBeInstanceOf(LockBackendError);
     expect((started as LockBackendError).message).toContain('no answer');
   }, 10_000);
+
+  it('confirms with replicas (replication) under fake timers installed after bootstrap: its WAIT batching keeps the real process.nextTick', async () => {
+    const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(redis.port)]);
+    const confirming = await startLockApp({ redis: redis.url, replication: { replicas: 1, timeoutMs: 2_000 } }).catch(async (error: unknown) => {
+      await replica.stop();
+      throw error;
+    });
+    try {
+      await until(() => replicaAcknowledges(redis.shared()), 10_000, 'the replica never acknowledged a write');
+      // Connected before the timers are faked: ioredis connects on process.nextTick.
+      const onReplica = replica.client();
+      await onReplica.ping();
+      jest.useFakeTimers();
+      const lock = await confirming.locks.acquire('redis:confirmed');
+      // Confirmed: the replica has the lock when acquire() returns, and has its release when release() does.
+      expect(await onReplica.hget('lock:{redis:confirmed}', lock.owner)).toBe('1');
+      await lock.release();
+      expect(await onReplica.exists('lock:{redis:confirmed}')).toBe(0);
+    } finally {
+      jest.useRealTimers();
+      await confirming.close();
+      await replica.stop();
+    }
+  }, 20_000);
 
   it("bootstraps and locks under fake timers that leave process.nextTick real (doNotFake: ['nextTick'])", async () => {
     jest.useFakeTimers({ doNotFake: ['nextTick'] });

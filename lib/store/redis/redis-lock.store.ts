@@ -1,7 +1,7 @@
 import type { Cluster, Redis } from 'ioredis';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
-import { now, realTime, withTimeout } from '../../internal/time.js';
+import { now, realNextTick, realTime, withTimeout } from '../../internal/time.js';
 import {
   ACQUIRE,
   ACQUIRE_FAIR,
@@ -362,7 +362,7 @@ export class RedisLockStore implements LockStore {
   private confirm(): Promise<number | undefined> {
     if (!this.replication || this.waitRefused) return Promise.resolve(undefined);
     this.nextWait ??= new Promise<number | undefined>((resolve, reject) => {
-      process.nextTick(() => {
+      realNextTick(() => {
         this.nextWait = undefined;
         this.waitForReplicas().then(resolve, reject);
       });
