@@ -545,7 +545,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     if (typeof options?.commandTimeout !== 'number') return options;
     this.logger.log(
       `ioredis commandTimeout (${options.commandTimeout} ms): ioredis gives up on a command that Redis may still run, which for an acquisition would leave a lock held that nobody knows of; ` +
-        `nestjs-locked bounds its lock steps itself (an attempt by its wait, at least 1 s; any other step 1 s) and gives back what a step it gave up on took. Lock steps run ${how}.`,
+        `nestjs-locked bounds its lock steps itself, by stepTimeoutMs (${this.options.stepTimeoutMs} ms; an attempt by its wait, at least that), and gives back what a step it gave up on took. Lock steps run ${how}.`,
     );
     return { ...options, commandTimeout: undefined };
   }

@@ -375,6 +375,10 @@ describe("a client with ioredis's commandTimeout", () => {
     expect(passed.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.includes('a copy of the client passed in'))).toHaveLength(1);
     // Given as options, it is left out of the connection nestjs-locked makes, and the log says so too.
     expect(built.logger.at('log').filter((m) => m.includes('ioredis commandTimeout (200 ms)') && m.endsWith('Lock steps run without it.'))).toHaveLength(1);
+    // It names the bound the steps run with instead, and the option that sets it.
+    expect(built.logger.at('log').filter((m) => m.includes('bounds its lock steps itself, by stepTimeoutMs (1000 ms;'))).toHaveLength(1);
+    const patient = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, commandTimeout: 200 }, stepTimeoutMs: 2_500 });
+    expect(patient.logger.at('log').filter((m) => m.includes('bounds its lock steps itself, by stepTimeoutMs (2500 ms;'))).toHaveLength(1);
   });
 });
 
