@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError, type LockHandle } from '../../lib/index.js';
-import { RedisServer, commandCalls, replicaAcknowledges, until } from '../support/redis-server.js';
+import { RedisServer, commandCalls, replicaAcknowledges, tcpProxy, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
 /**
@@ -149,6 +149,39 @@ describe('replica confirmation (WAIT)', () => {
       expect(await lonely.client().keys('lock:{r:shared:*}')).toEqual([]);
     } finally {
       await app.close();
+    }
+  });
+
+  it('lets steps whose replies come one read at a time while a WAIT is unanswered share the next one: each waits for at most two, within its bound', async () => {
+    // Replies split across reads (a loaded machine, a slow link): a proxy keeps the replies of six
+    // releases, then sends them one line at a time, 10 ms apart. The first sends a WAIT; the other
+    // five come while it blocks (1 s, no replica) and share the one sent when it returns. One WAIT
+    // each would queue six on the connection: the last release would wait 6 s, past its bound
+    // (stepTimeoutMs + 2 x timeoutMs = 3 s), and fail.
+    const proxy = await tcpProxy(lonely.port);
+    const probe = lonely.client();
+    const waits = async () => (await commandCalls(probe, 'wait')).wait;
+    const app = await startLockApp({
+      redis: `redis://127.0.0.1:${proxy.port}`,
+      replication: { replicas: 1, timeoutMs: 1_000, onUnconfirmedAcquire: 'keep' },
+    });
+    const failed: unknown[] = [];
+    const watching = app.locks.events$.subscribe((e) => void (e.type === 'release-failed' && failed.push(e)));
+    try {
+      const locks = await Promise.all(Array.from({ length: 6 }, (_, i) => app.locks.acquire(`r:apart:${i}`)));
+      const before = await waits();
+      proxy.delayRepliesFrom('evalsha');
+      const releases = Promise.all(locks.map((l) => l.release()));
+      await until(async () => proxy.delayedLines >= 6, 2_000, 'the six releases never got their replies');
+      proxy.passDelayed(10);
+      await releases;
+      expect(failed).toEqual([]);
+      expect((await waits()) - before).toBe(2);
+      expect(await lonely.client().keys('lock:{r:apart:*}')).toEqual([]);
+    } finally {
+      watching.unsubscribe();
+      await app.close();
+      await proxy.close();
     }
   });
 

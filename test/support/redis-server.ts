@@ -257,15 +257,40 @@ export async function tcpProxy(
   holdRepliesFrom(command: string): void;
   /** As `holdRepliesFrom`, but keeps the replies instead of dropping them, until `passDelayed()`. */
   delayRepliesFrom(command: string): void;
-  /** Sends the replies `delayRepliesFrom` kept, in order, and passes everything again. */
-  passDelayed(): void;
+  /** How many reply lines (each ending in CRLF) `delayRepliesFrom` has kept so far. */
+  readonly delayedLines: number;
+  /**
+   * Sends the replies `delayRepliesFrom` kept, in order, and passes everything again. With
+   * `linesApartMs`, it sends them, and everything the target sends after them, one line at a time
+   * that many ms apart, so that each reply reaches the client in a read of its own.
+   */
+  passDelayed(linesApartMs?: number): void;
   cut(): void;
   close(): Promise<void>;
 }> {
   const sockets = new Set<Socket>();
   // Redis's replies: passed on, dropped (held), or kept until passDelayed(); from a client's next
   // command named `trigger.command` on, they become `trigger.then`.
-  let replies: 'pass' | 'drop' | 'keep' = 'pass';
+  let replies: 'pass' | 'drop' | 'keep' | 'drip' = 'pass';
+  // Drip mode: lines still to send, one per `dripMs`.
+  let dripMs = 0;
+  const dripping: { to: Socket; line: Buffer }[] = [];
+  let dripTimer: NodeJS.Timeout | undefined;
+  const drip = (to: Socket, data: Buffer): void => {
+    let start = 0;
+    for (let end = data.indexOf('\r\n'); end !== -1; end = data.indexOf('\r\n', start)) {
+      dripping.push({ to, line: data.subarray(start, end + 2) });
+      start = end + 2;
+    }
+    if (start < data.length) dripping.push({ to, line: data.subarray(start) });
+    const next = (): void => {
+      const item = dripping.shift();
+      if (!item) return void (dripTimer = undefined);
+      item.to.write(item.line);
+      dripTimer = setTimeout(next, dripMs);
+    };
+    dripTimer ??= setTimeout(next, 0);
+  };
   let trigger: { command: string; then: 'drop' | 'keep' } | undefined;
   const delayed: { to: Socket; data: Buffer }[] = [];
   let holdingBoth = false;
@@ -293,6 +318,7 @@ export async function tcpProxy(
     upstream.on('data', (raw: Buffer) => {
       const d = rewrite(raw);
       if (replies === 'keep') delayed.push({ to: downstream, data: d });
+      else if (replies === 'drip') drip(downstream, d);
       else if (replies === 'pass') downstream.write(d);
     });
   });
@@ -312,18 +338,33 @@ export async function tcpProxy(
     delayRepliesFrom: (command) => {
       trigger = { command: command.toLowerCase(), then: 'keep' };
     },
-    passDelayed: () => {
-      replies = 'pass';
-      for (const { to, data } of delayed.splice(0)) to.write(data);
+    get delayedLines() {
+      return delayed.reduce((lines, { data }) => lines + data.toString('latin1').split('\r\n').length - 1, 0);
+    },
+    passDelayed: (linesApartMs) => {
+      if (linesApartMs === undefined) {
+        replies = 'pass';
+        for (const { to, data } of delayed.splice(0)) to.write(data);
+        return;
+      }
+      replies = 'drip';
+      dripMs = linesApartMs;
+      for (const { to, data } of delayed.splice(0)) drip(to, data);
     },
     cut: () => {
+      clearTimeout(dripTimer);
+      dripTimer = undefined;
+      dripping.length = 0;
       for (const socket of sockets) socket.destroy();
       replies = 'pass';
       trigger = undefined;
       delayed.length = 0;
       holdingBoth = false;
     },
-    close: () => closeServer(server, sockets),
+    close: () => {
+      clearTimeout(dripTimer);
+      return closeServer(server, sockets);
+    },
   };
 }
 

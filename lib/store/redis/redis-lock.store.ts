@@ -86,8 +86,10 @@ export class RedisLockStore implements LockStore {
   private publish: 'publish' | 'spublish' = 'publish';
   /** Set once the server refused `WAIT`: replica confirmation is then skipped. */
   private waitRefused = false;
-  /** The `WAIT` the steps confirmed in this turn of the event loop share (see confirm). */
+  /** The `WAIT` the steps confirmed since the last one was sent share (see confirm). */
   private nextWait: Promise<number | undefined> | undefined;
+  /** The `WAIT` sent and not yet answered, if any (see confirm). */
+  private waitInFlight: Promise<unknown> | undefined;
   /** The counter lifetime the non-fair grant scripts get: `0` when they issue no tokens. */
   private readonly grantFenceTtlMs: number;
   /** How often the lock connection (on a Cluster, any node's) has closed so far: see `resent`. */
@@ -353,19 +355,32 @@ export class RedisLockStore implements LockStore {
 
   /**
    * Waits for the replicas to have every write this connection made so far, the caller's step
-   * included. Steps whose replies arrive in the same turn of the event loop share one
-   * `WAIT replicas timeoutMs`, sent once that turn's promise callbacks have run (a WAIT covers
-   * every earlier write of its connection, and blocks the connection until it returns). Undefined
-   * without replication, or once the server refused WAIT (some managed services do): that is
-   * logged once and replication is skipped from then on.
+   * included. Steps share one `WAIT replicas timeoutMs` (a WAIT covers every earlier write of its
+   * connection, and blocks the connection until it returns): with no WAIT unanswered, it is sent
+   * once this turn's promise callbacks have run; while one is unanswered, every step confirmed
+   * meanwhile, whichever read its reply came in, shares the one sent when that WAIT returns. So
+   * a step waits for at most the WAIT in flight and one more, however many steps there are and
+   * however their replies are split (see LockStore.confirmMs). Undefined without replication, or
+   * once the server refused WAIT (some managed services do): that is logged once and replication
+   * is skipped from then on.
    */
   private confirm(): Promise<number | undefined> {
     if (!this.replication || this.waitRefused) return Promise.resolve(undefined);
     this.nextWait ??= new Promise<number | undefined>((resolve, reject) => {
-      realNextTick(() => {
+      const send = (): void => {
         this.nextWait = undefined;
-        this.waitForReplicas().then(resolve, reject);
-      });
+        const sent = this.waitForReplicas();
+        this.waitInFlight = sent;
+        const answered = (): void => {
+          if (this.waitInFlight === sent) this.waitInFlight = undefined;
+        };
+        sent.then(answered, answered);
+        sent.then(resolve, reject);
+      };
+      // Queued behind an unanswered WAIT, a second one would only wait for it on the connection;
+      // sent when it returns, it covers every step confirmed until then.
+      if (this.waitInFlight) this.waitInFlight.then(send, send);
+      else realNextTick(send);
     });
     return this.nextWait;
   }
