@@ -1,10 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
-import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
+import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
 import { aborted, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
+import { RELEASE } from '../../lib/store/redis/lock.scripts.js';
 
 /**
  * Redlock specifics over 3 independent servers started by the harness (the common behaviour runs
@@ -122,6 +123,32 @@ describe('Redlock over 3 independent servers', () => {
         await nodes[2]!.launch();
       }
     } finally {
+      await patient.close();
+    }
+  });
+
+  it('gives back the grant of a node that ran the acquisition after the release: it did not know the acquire script (NOSCRIPT), and ran it again with its text behind the release', async () => {
+    const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
+    const late = nodes[2]!;
+    const raw = late.client();
+    try {
+      // As a node restarted empty, whose connection has since run the release script only.
+      await raw.script('FLUSH');
+      await raw.script('LOAD', RELEASE);
+      await raw.config('RESETSTAT');
+      late.pause();
+      try {
+        const lock = await patient.locks.acquire('rl:noscript'); // granted by the other two
+        await lock.release(); // on the other two; queued on the frozen node behind the acquisition
+      } finally {
+        late.resume();
+      }
+      // The frozen node answers the acquisition NOSCRIPT, runs the release (nothing to drop), then
+      // the acquisition with the script's text, which grants it (one HSET) for the 30 s lease.
+      await until(async () => (await commandCalls(raw, 'hset')).hset === 1 && (await raw.exists('lock:{rl:noscript}')) === 0, 5_000, 'the late grant stayed on the node');
+      expect(await holders('rl:noscript')).toEqual([]);
+    } finally {
+      late.resume();
       await patient.close();
     }
   });

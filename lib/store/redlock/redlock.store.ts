@@ -115,8 +115,24 @@ export class RedlockStore implements LockStore {
     const grants = answers.flatMap((a) => (a?.ok && a.value.granted ? [a.value] : []));
     if (grants.length >= this.quorum && validity > 0) {
       // A node restarted empty re-grants a re-entry as fresh: the largest hold count is ours. Nodes
-      // that have not answered yet hold the lock for us too if they grant it.
+      // that have not answered yet hold the lock for us too if they grant it, unless the caller
+      // holds nothing of it by then: a node that did not know the script answered NOSCRIPT, and the
+      // acquisition went again with the script's text behind the release sent to it meanwhile, so
+      // it granted a lock already given back. That grant is given back too. The caller's holds are
+      // counted on the next turn of the event loop, once the caller has recorded this grant (a late
+      // answer may come in the same read as the deciding one).
       counted = true;
+      const nextTurn = () => new Promise<void>((resolve) => realTime.setImmediate(resolve));
+      calls.forEach((call, i) => {
+        if (answers[i] !== undefined) return;
+        void call
+          .then(async (late) => {
+            if (!late.granted || !holdsHere) return;
+            await nextTurn();
+            if (holdsHere(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
+          })
+          .catch(() => undefined);
+      });
       return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
