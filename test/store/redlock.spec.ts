@@ -153,6 +153,32 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it('keeps the grant of a node that answers late while the lock is still held, and frees it there at the release', async () => {
+    const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
+    const late = nodes[2]!;
+    const raw = late.client();
+    try {
+      await raw.config('RESETSTAT');
+      late.pause();
+      let lock;
+      try {
+        lock = await patient.locks.acquire('rl:late-held'); // granted by the other two
+      } finally {
+        late.resume();
+      }
+      await until(async () => (await holders('rl:late-held')).length === 3, 5_000, 'the late node never granted the lock');
+      // A renewal sent after the late answer was read: a give-back would have reached the node before it.
+      await lock.extend(30_000);
+      await until(async () => (await commandCalls(raw, 'pexpire')).pexpire >= 2, 5_000, 'the renewal never reached the late node');
+      expect(await holders('rl:late-held')).toEqual([lock.owner, lock.owner, lock.owner]);
+      await lock.release();
+      await until(async () => (await holders('rl:late-held')).length === 0, 5_000, 'the release never freed the late node');
+    } finally {
+      late.resume();
+      await patient.close();
+    }
+  });
+
   it('bounds each node\'s answer to a step by stepTimeoutMs: with every node frozen, a release and a read give up after it', async () => {
     const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 300 });
     try {
