@@ -276,6 +276,12 @@ export async function tcpProxy(
   let dripMs = 0;
   const dripping: { to: Socket; line: Buffer }[] = [];
   let dripTimer: NodeJS.Timeout | undefined;
+  const dripNext = (): void => {
+    const item = dripping.shift();
+    if (!item) return void (dripTimer = undefined);
+    item.to.write(item.line);
+    dripTimer = setTimeout(dripNext, dripMs);
+  };
   const drip = (to: Socket, data: Buffer): void => {
     let start = 0;
     for (let end = data.indexOf('\r\n'); end !== -1; end = data.indexOf('\r\n', start)) {
@@ -283,13 +289,7 @@ export async function tcpProxy(
       start = end + 2;
     }
     if (start < data.length) dripping.push({ to, line: data.subarray(start) });
-    const next = (): void => {
-      const item = dripping.shift();
-      if (!item) return void (dripTimer = undefined);
-      item.to.write(item.line);
-      dripTimer = setTimeout(next, dripMs);
-    };
-    dripTimer ??= setTimeout(next, 0);
+    dripTimer ??= setTimeout(dripNext, 0);
   };
   let trigger: { command: string; then: 'drop' | 'keep' } | undefined;
   const delayed: { to: Socket; data: Buffer }[] = [];
