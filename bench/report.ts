@@ -334,9 +334,9 @@ function whatScenario1Needs(r: Results, e: Extras): string | undefined {
       : 'In these measurements no choice of what the lock promises meets it (below); no default was changed.';
   return (
     `- **Scenario 1: what meeting the target would take.** ${opening} ` +
-    `In the breakdown's rounds (profile-breakdown.json), neither setting measured through LockService reaches 0.95 x: the defaults ${xr(ours)}, \`fencingTokens: false\` ${xr(oursNoFence)}. ` +
-    `${bare}. LockService's own work takes each set of scripts lower (${costs.join(', ')}). ${withoutBoth} ` +
-    `Against its own scripts sent from a bare client (a raw lock that keeps the same promises), nestjs-locked reaches ${xr(same)} in these rounds (the ratio of the two medians; like every reading here, it moves with the machine).${inHarness} ` +
+    `\n  - **Through LockService.** In the breakdown's rounds (profile-breakdown.json), neither setting measured through LockService reaches 0.95 x: the defaults ${xr(ours)}, \`fencingTokens: false\` ${xr(oursNoFence)}. ` +
+    `\n  - **Dropping promises.** ${bare}. LockService's own work takes each set of scripts lower (${costs.join(', ')}). ${withoutBoth} ` +
+    `\n  - **Against its own scripts.** Sent from a bare client (a raw lock that keeps the same promises), nestjs-locked reaches ${xr(same)} in these rounds (the ratio of the two medians; like every reading here, it moves with the machine).${inHarness} ` +
     (verdict >= 0.95
       ? `The one reading under which it is met is against such a lock instead of SET NX, which keeps no hold count, issues no token and wakes nobody; until that is decided, the target stays missed.`
       : `Under that reading it is missed too${harness.length > 0 ? '' : ' in these rounds'}: there the gap is LockService's own work, which keeps no promise of its own and is what is left to make cheaper; the target stays missed.`)
@@ -359,7 +359,7 @@ function explainMisses(r: Results, e: Extras): string[] {
       const empty = i['breakdown: empty scripts'];
       const noFence = i['breakdown: acquire without fencing token'];
       const noAnnounce = i['breakdown: release without announcement'];
-      text += ` Counted by callgrind (below), one pair costs redis-server ${(ours / i.raw!).toFixed(2)} x the raw pair's instructions`;
+      text += `\n  - **What Redis does per pair.** Counted by callgrind (below), one pair costs redis-server ${(ours / i.raw!).toFixed(2)} x the raw pair's instructions`;
       if (empty && noFence && noAnnounce) {
         text += `: of our ${fmt(ours)}, two EVALSHA calls with empty bodies already cost ${fmt(empty)} (the whole raw pair: ${fmt(i.raw!)}), the fencing token ${fmt(ours - noFence)}, the announcement ${fmt(ours - noAnnounce)}`;
         const floor = i['breakdown: hold count only (neither token nor announcement)'];
@@ -373,7 +373,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     const { rounds, sequentialPairs } = e.breakdownSettings;
     if (missed1 && b?.scripts?.vsRaw !== undefined && b['scripts-no-fencing']?.vsRaw !== undefined && b['scripts-no-announcement']?.vsRaw !== undefined && b['scripts-empty']?.vsRaw !== undefined) {
       text +=
-        ` In time, one caller at a time (\`PROFILE_SCENARIOS=1 PROFILE_ROUNDS=${rounds}${sequentialPairs === 4_000 ? '' : ` PROFILE_PAIRS=${sequentialPairs}`} PROFILE_KINDS=${Object.keys(b).join(',')} npm run bench:profile\`, bench/results/profile-breakdown.json, each figure the median of ${rounds} per-round ratios to the raw limit, each round ${fmt(sequentialPairs)} pairs of each kind): ` +
+        `\n  - **What it costs in time.** One caller at a time (\`PROFILE_SCENARIOS=1 PROFILE_ROUNDS=${rounds}${sequentialPairs === 4_000 ? '' : ` PROFILE_PAIRS=${sequentialPairs}`} PROFILE_KINDS=${Object.keys(b).join(',')} npm run bench:profile\`, bench/results/profile-breakdown.json, each figure the median of ${rounds} per-round ratios to the raw limit, each round ${fmt(sequentialPairs)} pairs of each kind): ` +
         `the bare scripts reach ${xr(b.scripts.vsRaw)}, ${xr(b['scripts-no-fencing'].vsRaw)} without the fencing token, ${xr(b['scripts-no-announcement'].vsRaw)} without the announcement, and two scripts with empty bodies ${xr(b['scripts-empty'].vsRaw)}` +
         (b['nestjs-locked']?.vsRaw !== undefined ? `; nestjs-locked itself ${xr(b['nestjs-locked'].vsRaw)}` : '') +
         '.' +
@@ -395,7 +395,7 @@ function explainMisses(r: Results, e: Extras): string[] {
         ? `LockService's own work (options, the held-lock record, the handle, the watchdog's bookkeeping) takes that to ${xr(bare['nestjs-locked']!.vsRaw!)}: ${bare['nestjs-locked']!.nodeCpuUsPerPair} against ${bare.scripts!.nodeCpuUsPerPair} us of Node CPU per pair in the same rounds (process.cpuUsage, kernel time included). `
         : `LockService adds ${(seq!['nestjs-locked']!.nodeCpuUsPerPair - seq!.scripts!.nodeCpuUsPerPair).toFixed(1)} us (scenario 1)${missed2 ? ` and ${(par!['nestjs-locked']!.nodeCpuUsPerPair - par!.scripts!.nodeCpuUsPerPair).toFixed(1)} us (scenario 2)` : ''} of Node CPU per pair on top. `;
       text +=
-        ` Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${ceiling} in that run: the ceiling for this data model on this machine${missed2 ? '' : ' while one caller at a time leaves no commands to batch (unlike scenario 2)'}. ` +
+        `\n  - **Without LockService.** Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${ceiling} in that run: the ceiling for this data model on this machine${missed2 ? '' : ' while one caller at a time leaves no commands to batch (unlike scenario 2)'}. ` +
         service +
         (e.alloc?.raw && e.alloc.scripts && e.alloc['nestjs-locked']
           ? `It allocates ${fmt(e.alloc['nestjs-locked'])} bytes per pair in Node, against ${fmt(e.alloc.scripts)} for the bare scripts and ${fmt(e.alloc.raw)} for the raw limit (\`PROFILE_ALLOC=1 npm run bench:profile\`: the handle, the held-lock record, the owner's context and the promises of each step). `
@@ -405,18 +405,19 @@ function explainMisses(r: Results, e: Extras): string[] {
     const anchorRatios = r.sequential ? ANCHORS.filter((a) => r.sequential![a]).map((a) => `${a} ${xr(rel(r.sequential![a]!, r.sequential!.raw!, 'pairsPerSec'))}`) : [];
     text =
       text.trimEnd() +
-      ' What we chose: the hold count, the fencing token and the wake-up announcement stay on by default, as they are what the lock promises (issues 1 and 4); `fencingTokens: false` takes the token off for apps whose resources do not check it (the reference row under the targets).' +
-      (missed1 && anchorRatios.length ? ` The anchors, which keep no hold count and issue no tokens, read ${anchorRatios.join(', ')} of the raw limit in this run.` : '') +
-      ' Ratios also move with the machine: before these scenarios ran in short slices (2026-11-24), back-to-back runs of the same code gave 0.67 to 0.93 x raw in scenario 1';
+      '\n  - **What we chose.** The hold count, the fencing token and the wake-up announcement stay on by default, as they are what the lock promises (issues 1 and 4); `fencingTokens: false` takes the token off for apps whose resources do not check it (the reference row under the targets).' +
+      (missed1 && anchorRatios.length ? `\n  - **The anchors**, which keep no hold count and issue no tokens, read ${anchorRatios.join(', ')} of the raw limit in this run.` : '') +
+      '\n  - **Noise.** Ratios also move with the machine: before these scenarios ran in short slices (2026-11-24), back-to-back runs of the same code gave 0.67 to 0.93 x raw in scenario 1';
     // Each round runs every library once, back to back: the spread of one round's ratio shows the noise.
     const spread = (rows: Record<string, Row> | undefined) => spreadOf(rows?.['nestjs-locked']?.runs as number[] | undefined, rows?.raw?.runs as number[] | undefined);
     const s1 = spread(r.sequential);
     const s2 = spread(r.concurrent);
     const spreads = [missed1 && s1 ? `${s1} (scenario 1)` : '', missed2 && s2 ? `${s2} (scenario 2)` : ''].filter(Boolean);
     text += spreads.length ? `; within this run one round's ratio went from ${spreads.join(' and ')}, and the targets read the median.` : '.';
-    lines.push(text);
+    // Sub-bullets start on lines of their own: no sentence's trailing space is left before them.
+    lines.push(text.replace(/ +\n/g, '\n'));
     const decision = missed1 ? whatScenario1Needs(r, e) : undefined;
-    if (decision) lines.push(decision);
+    if (decision) lines.push(decision.replace(/ +\n/g, '\n'));
   }
   if (r.contended) {
     const readings = Object.entries(r.contended).map(([topology, rows]) => {
