@@ -115,12 +115,21 @@ describe('BENCHMARKS.md, scenario 3', () => {
   });
 
   it('explains a miss from this run only, and leaves the runs before it to "Earlier runs"', () => {
-    const why = report(3).split('\n').find((line) => line.startsWith('- **Scenario 3, handoff')) ?? '';
+    const why = bullet(report(3), '- **Scenario 3, handoff');
     expect(why).toContain('"Earlier runs" below');
     // No earlier run is named by its commit: the explanation stays true after the next full run.
     expect(why).not.toMatch(/\b[0-9a-f]{7}\b/);
   });
 });
+
+/** The bullet of BENCHMARKS.md that starts with `start`, with its sub-bullets, as one line ('' when there is none). */
+function bullet(md: string, start: string): string {
+  const lines = md.split('\n');
+  const first = lines.findIndex((line) => line.startsWith(start));
+  if (first < 0) return '';
+  const end = lines.findIndex((line, i) => i > first && !line.startsWith('  - '));
+  return lines.slice(first, end < 0 ? undefined : end).join(' ');
+}
 
 /** BENCHMARKS.md written from a scenario-1 run where nestjs-locked reads 0.8 x raw, and the given breakdown. */
 function reportWithBreakdown(
@@ -157,13 +166,7 @@ function reportWithBreakdown(
 }
 
 /** The bullet on what meeting scenario 1 would take, with its sub-bullets, as one line. */
-const paragraph = (md: string) => {
-  const lines = md.split('\n');
-  const start = lines.findIndex((line) => line.startsWith('- **Scenario 1: what meeting the target would take.**'));
-  if (start < 0) return '';
-  const end = lines.findIndex((line, i) => i > start && !line.startsWith('  - '));
-  return lines.slice(start, end < 0 ? undefined : end).join(' ');
-};
+const paragraph = (md: string) => bullet(md, '- **Scenario 1: what meeting the target would take.**');
 const measured = { scripts: 0.82, 'scripts-no-fencing': 0.89, 'scripts-hold-count-only': 0.93, 'scripts-empty': 1.04, 'nestjs-locked': 0.79, 'nestjs-locked-no-fencing': 0.84 };
 
 describe('BENCHMARKS.md, scenario 1', () => {
