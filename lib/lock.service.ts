@@ -409,7 +409,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const deadline = started + o.waitMs;
     let watch: { key: string; on: ReleaseWatch } | undefined;
     let contended = false;
-    const signal = this.sleepSignal(o);
+    let sleep: ReturnType<LockService['sleepSignal']> | undefined;
     this.acquiring++;
     try {
       for (;;) {
@@ -449,10 +449,12 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           this.emit({ type: 'timed-out', key: result.blockedBy, owner: context.owner, waitedMs: this.time.now() - started });
           throw new LockNotAcquiredError(result.blockedBy, retryAfterMs, this.time.now() - started, 'timeout');
         }
-        const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), signal);
+        sleep ??= this.sleepSignal(o);
+        const how = await watch.on.sleep(Math.min(result.ttlMs >= 0 ? result.ttlMs + 1 : 1_000, remaining), sleep.signal);
         if (how === 'aborted') o.signal?.throwIfAborted();
       }
     } finally {
+      sleep?.dispose();
       watch?.on.close();
       this.acquisitionEnded();
     }
@@ -631,7 +633,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       this.logger.debug(`"${key}" is held by another owner; waiting up to ${o.waitMs} ms`);
       // An exclusive default-mode wait may be handed the lock by a release of this process (see takeHandover).
       const watch = this.store.watch(key, context.owner, o.mode === 'exclusive' && !o.fair ? o.leaseMs : undefined);
-      const signal = this.sleepSignal(o);
+      const sleep = this.sleepSignal(o);
       let woken = false;
       let granted = false;
       try {
@@ -661,7 +663,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
           if (o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
           if (o.fair) bound = Math.min(bound, this.handoverLeaseMs(o) / 2);
-          const how = await watch.sleep(bound, signal);
+          const how = await watch.sleep(bound, sleep.signal);
           if (how === 'granted') {
             const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);
             if (handle) {
@@ -685,6 +687,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           }
         }
       } finally {
+        sleep.dispose();
         watch.close(woken);
         // A fair waiter that gives up leaves the queue, so nothing of it stays in Redis.
         if (!granted) await this.abandon(key, context.owner, o);
@@ -694,9 +697,30 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     }
   }
 
-  /** What ends a waiter's sleep early: the caller's `signal`, and shutdown. */
-  private sleepSignal(o: ResolvedLockOptions): AbortSignal {
-    return o.signal ? AbortSignal.any([o.signal, this.shutdown.signal]) : this.shutdown.signal;
+  /**
+   * What ends a waiter's sleep early: the caller's `signal`, and shutdown. With a caller's signal,
+   * a signal of the wait's own that either aborts; `dispose()`, when the wait ends, unhooks it from
+   * both. (`AbortSignal.any` would leave an entry for every such wait on the shutdown signal, which
+   * lives as long as this service: Node 20 never removes them, later Nodes only after a GC.)
+   */
+  private sleepSignal(o: ResolvedLockOptions): { signal: AbortSignal; dispose(): void } {
+    const shutdown = this.shutdown.signal;
+    const caller = o.signal;
+    if (!caller) return { signal: shutdown, dispose: () => undefined };
+    const either = new AbortController();
+    const abort = () => either.abort();
+    if (caller.aborted || shutdown.aborted) abort();
+    else {
+      caller.addEventListener('abort', abort, { once: true });
+      shutdown.addEventListener('abort', abort, { once: true });
+    }
+    return {
+      signal: either.signal,
+      dispose: () => {
+        caller.removeEventListener('abort', abort);
+        shutdown.removeEventListener('abort', abort);
+      },
+    };
   }
 
   private acquisitionEnded(): void {

@@ -3,6 +3,7 @@ import { Injectable, Module, type BeforeApplicationShutdown, type OnModuleDestro
 import { Test } from '@nestjs/testing';
 import { Cluster, Redis } from 'ioredis';
 import { connect } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import {
   Locked,
   LockBackendError,
@@ -16,7 +17,7 @@ import {
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
 import { CapturingLogger, gate, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
-import { freePort, olderRedisProxy, RedisServer, silentPort, until } from '../support/redis-server.js';
+import { freePort, olderRedisProxy, RedisServer, scriptCalls, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
 describe('LockModule', () => {
@@ -384,6 +385,40 @@ describe('LockModule', () => {
       await fairLock.release();
       await readLock.release();
       await groupLock.release();
+    } finally {
+      await waiter.close();
+      await holder.close();
+    }
+  });
+
+  it('wakes waits that carry a signal of their own at shutdown (one key, several keys): they fail at once', async () => {
+    const holder = await startLockApp({ redis: redis.url });
+    const waiter = await startLockApp({ redis: redis.url });
+    try {
+      const one = await holder.locks.acquire('shutdown:signal-one');
+      const group = await holder.locks.acquire('shutdown:signal-g1');
+      const client = redis.client();
+      const before = await scriptCalls(client);
+      const controller = new AbortController();
+      const settled: string[] = [];
+      const waits = [
+        waiter.locks.acquire('shutdown:signal-one', { waitMs: 60_000, signal: controller.signal }),
+        waiter.locks.acquire(['shutdown:signal-g1', 'shutdown:signal-g2'], { waitMs: 60_000, signal: controller.signal }),
+      ].map((p) => p.then(() => 'granted', (e: unknown) => (settled.push(String(e)), 'failed')));
+      // Both asleep: each made its first attempt, watched the key, and made its attempt after that.
+      await until(async () => (await scriptCalls(client)) >= before + 4, 5_000, 'two attempts of each waiter');
+      const closing = performance.now();
+      await waiter.close();
+      // At once: shutdown waits up to 2 s for acquisitions to end before it closes the connections,
+      // which would end these waits too, but late.
+      expect(performance.now() - closing).toBeLessThan(1_000);
+      // Every wait had failed by the time close() returned, by shutdown (the caller's signal never aborted).
+      expect(controller.signal.aborted).toBe(false);
+      expect(settled).toHaveLength(2);
+      for (const failure of settled) expect(failure).toMatch(/^LockBackendError: Cannot acquire ".*": the lock module has shut down/);
+      expect(await Promise.all(waits)).toEqual(['failed', 'failed']);
+      await one.release();
+      await group.release();
     } finally {
       await waiter.close();
       await holder.close();

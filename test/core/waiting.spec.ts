@@ -1,5 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
+import { getEventListeners } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
@@ -124,6 +125,36 @@ describe('waiting for a held lock', () => {
     expect(await raw.keys('lock:{abort:1}*')).toEqual(expect.arrayContaining(['lock:{abort:1}']));
     expect(await raw.hgetall('lock:{abort:1}')).toEqual({ [holder.owner]: '1' });
     await holder.release();
+  });
+
+  it("leaves nothing on the service's shutdown signal after waits with a signal of their own (one key, several keys; granted and aborted)", async () => {
+    // The shutdown signal lives as long as the service. A wait used to join it to the caller's
+    // signal with AbortSignal.any, which leaves an entry on it per wait: Node 20 never removes them.
+    const shutdown = (app.locks as unknown as { shutdown: AbortController }).shutdown.signal;
+    const dependants = () => {
+      const symbol = Object.getOwnPropertySymbols(shutdown).find((s) => s.description === 'kDependantSignals');
+      return symbol === undefined ? 0 : (((shutdown as unknown as Record<symbol, Set<unknown> | undefined>)[symbol])?.size ?? 0);
+    };
+    const hooks = () => ({ dependants: dependants(), listeners: getEventListeners(shutdown, 'abort').length });
+    const before = hooks();
+    for (const keys of ['abort:3', ['abort:3', 'abort:4']] as const) {
+      for (const outcome of ['granted', 'aborted'] as const) {
+        const holder = await other.locks.acquire('abort:3');
+        const controller = new AbortController();
+        const contended = nextEvent(app.locks.events$, 'contended');
+        const waiting = app.locks.acquire(keys as never, { waitMs: 60_000, signal: controller.signal }) as Promise<{ release(): Promise<void> }>;
+        await contended;
+        if (outcome === 'granted') {
+          await holder.release();
+          await (await waiting).release();
+        } else {
+          controller.abort(new Error('user went away'));
+          await expect(waiting).rejects.toThrow('user went away');
+          await holder.release();
+        }
+      }
+    }
+    expect(hooks()).toEqual(before);
   });
 
   it('rejects at once when the signal is already aborted', async () => {
