@@ -701,7 +701,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * What ends a waiter's sleep early: the caller's `signal`, and shutdown. With a caller's signal,
    * a signal of the wait's own that either aborts; `dispose()`, when the wait ends, unhooks it from
    * both. (`AbortSignal.any` would leave an entry for every such wait on the shutdown signal, which
-   * lives as long as this service: Node 20 never removes them, later Nodes only after a GC.)
+   * lives as long as this service: Node 20 never removes them, Node 22 and 26 only after a GC.)
    */
   private sleepSignal(o: ResolvedLockOptions): { signal: AbortSignal; dispose(): void } {
     const shutdown = this.shutdown.signal;
