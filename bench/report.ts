@@ -414,10 +414,9 @@ function explainMisses(r: Results, e: Extras): string[] {
     const s2 = spread(r.concurrent);
     const spreads = [missed1 && s1 ? `${s1} (scenario 1)` : '', missed2 && s2 ? `${s2} (scenario 2)` : ''].filter(Boolean);
     text += spreads.length ? `; within this run one round's ratio went from ${spreads.join(' and ')}, and the targets read the median.` : '.';
-    // Sub-bullets start on lines of their own: no sentence's trailing space is left before them.
-    lines.push(text.replace(/ +\n/g, '\n'));
+    lines.push(text);
     const decision = missed1 ? whatScenario1Needs(r, e) : undefined;
-    if (decision) lines.push(decision.replace(/ +\n/g, '\n'));
+    if (decision) lines.push(decision);
   }
   if (r.contended) {
     const readings = Object.entries(r.contended).map(([topology, rows]) => {
@@ -494,7 +493,7 @@ function explainMisses(r: Results, e: Extras): string[] {
         `- **Scenario 3, handoff <= 2 x "the raw Redis round trip".** The issues leave the round trip open: the raw limit's own handoff, or PING, which the issue's raw limit measures "at the same concurrency" (8 callers here) and scenario 1 with one caller; this run checks all three, each ${r.contendedRounds ? 'by the median of the per-round ratios, with how far one round\'s ratio moved' : 'by the ratio of the medians'}, in the table under this paragraph.` +
           '\n  - **Fair mode** hands the lock over inside the release script: the next waiter in the queue is the holder when the release returns, and learns it from the release reply (same process) or the release message, without a round trip of its own.' +
           '\n  - **Default mode** lets any newcomer take a free lock (that is what makes it unfair, and cheaper when uncontended), so its release frees the lock instead of handing it over, except to a waiter of its own process. A release takes a waiter of the releasing process along, for at most 4 releases of a key in a row (the next one wakes waiters by its message only, so that other processes get their chance): the release script itself makes an exclusive waiter the holder when it frees the lock, and the waiter learns it from the release reply, without a command of its own (one hop, as in fair mode; read-write waits and replica confirmation send their attempt right behind the release instead). A waiter in another process still takes two hops: the release message, then its own acquire round trip. Handing the lock over inside Redis to waiters of other processes too would have a price: a waiter that crashed after it was queued holds a handed-over lock until its handover lease ends (up to fairQueueTimeoutMs), where today a crashed waiter costs the others nothing (a waiter handed the lock lives in the process that released it).' +
-          `\n  - **Against PING.** From the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawAgainstPing} in this run; in two processes the next waiter may be in the other process, which learns of the handover from the release message and wakes from sleep to take it, where in one process the releaser itself hands it on from the release reply; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ${releaseText}`.trimEnd() +
+          `\n  - **Against PING.** From the moment the holder starts its release, even one hop spans the release round trip and the message to the waiter, and the raw limit itself (a client spinning on SET NX with no delay, keeping Redis and its process busy) ${rawAgainstPing} in this run; in two processes the next waiter may be in the other process, which learns of the handover from the release message and wakes from sleep to take it, where in one process the releaser itself hands it on from the release reply; a waiter that sleeps while the lock is held pays for waking Redis and its process again after the 1 ms hold (PING in a tight loop never sleeps). ${releaseText}` +
           '\n  - **Earlier runs.** How each change of the library and the state of the machine moved these ratios, run by run: "Earlier runs" below (scenario 3, handoff ratios).',
         '',
         ...readingsTable,
@@ -518,7 +517,8 @@ function explainMisses(r: Results, e: Extras): string[] {
         ' Earlier runs of this scenario, and paired runs that tell the library\'s speed apart from the machine\'s: "Earlier runs" below (scenario 4).',
     );
   }
-  return lines;
+  // Sub-bullets start on lines of their own: no sentence's trailing space is left before them.
+  return lines.map((line) => line.replace(/ +\n/g, '\n'));
 }
 
 /** ": in this run, the raw limit's own slices in scenario 1 went from A to B pairs/s", or nothing without slices. */
