@@ -19,6 +19,9 @@ type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
  * wait (waitMs under it) gets this store's answer (LockQuorumError with each node's vote) rather
  * than LockService's own "no answer" bound.
  */
+/** Resolves on the next turn of the event loop, after the I/O callbacks of this one (replies read together included). */
+const nextTurn = (): Promise<void> => new Promise((resolve) => realTime.setImmediate(resolve));
+
 const nodeTimeout = (leaseMs: number, stepTimeoutMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 500, Math.floor(stepTimeoutMs / 2));
 
 /**
@@ -122,17 +125,18 @@ export class RedlockStore implements LockStore {
       // counted on the next turn of the event loop, once the caller has recorded this grant (a late
       // answer may come in the same read as the deciding one).
       counted = true;
-      const nextTurn = () => new Promise<void>((resolve) => realTime.setImmediate(resolve));
-      calls.forEach((call, i) => {
-        if (answers[i] !== undefined) return;
-        void call
-          .then(async (late) => {
-            if (!late.granted || !holdsHere) return;
-            await nextTurn();
-            if (holdsHere(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
-          })
-          .catch(() => undefined);
-      });
+      if (holdsHere) {
+        calls.forEach((call, i) => {
+          if (answers[i] !== undefined) return;
+          void call
+            .then(async (late) => {
+              if (!late.granted) return;
+              await nextTurn();
+              if (holdsHere(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
+            })
+            .catch(() => undefined);
+        });
+      }
       return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
