@@ -13,8 +13,10 @@ import type { LockHandle } from './lock-handle.js';
  * });
  */
 export class LockGroup {
-  /** Aborts as soon as any lock of the group is lost, with that lock's `LockLostError`. */
-  readonly signal: AbortSignal;
+  /** Created on first read of `signal`: most groups are released without anyone reading it. */
+  private controller: AbortController | undefined;
+  /** Stops listening to the handles' signals (set while the group's signal listens to them). */
+  private unhook: (() => void) | undefined;
 
   /** @internal */
   constructor(
@@ -22,8 +24,46 @@ export class LockGroup {
     readonly handles: readonly LockHandle[],
     /** @internal */ readonly context: LockContext,
     private readonly runIn: <T>(context: LockContext, fn: () => T) => T,
-  ) {
-    this.signal = AbortSignal.any(handles.map((h) => h.signal));
+  ) {}
+
+  /**
+   * Aborts as soon as any lock of the group is lost, with that lock's `LockLostError`. Reading it
+   * checks every lease deadline on the spot, as a handle's `signal` does.
+   */
+  get signal(): AbortSignal {
+    if (!this.controller) this.controller = this.listen();
+    else if (!this.controller.signal.aborted) for (const h of this.handles) if (!h.released) void h.signal; // checks the deadline; a loss aborts the group at once
+    return this.controller.signal;
+  }
+
+  /**
+   * The group's signal listens to its handles' signals until it aborts or the group is released.
+   * (Not `AbortSignal.any`: that leaves an entry on each handle's signal per group, and a lock held
+   * for long and re-entered by many groups would keep them all; Node 20 never removes them.)
+   */
+  private listen(): AbortController {
+    const controller = new AbortController();
+    const signals = this.handles.filter((h) => !h.released).map((h) => h.signal);
+    const lost = signals.find((s) => s.aborted);
+    if (lost) {
+      controller.abort(lost.reason);
+      return controller;
+    }
+    const onAbort = (event: Event): void => {
+      this.detach();
+      controller.abort((event.target as AbortSignal).reason);
+    };
+    for (const s of signals) s.addEventListener('abort', onAbort);
+    this.unhook = () => {
+      for (const s of signals) s.removeEventListener('abort', onAbort);
+    };
+    return controller;
+  }
+
+  /** @internal The group is released: its signal stops listening to the handles' signals. */
+  detach(): void {
+    this.unhook?.();
+    this.unhook = undefined;
   }
 
   /** The keys, in canonical (sorted) order. */
@@ -56,6 +96,7 @@ export class LockGroup {
    * failure (in that order) is thrown once all are settled.
    */
   async release(): Promise<void> {
+    this.detach();
     const results = await Promise.allSettled([...this.handles].reverse().map((handle) => handle.release()));
     const failed = results.find((r) => r.status === 'rejected');
     if (failed) throw failed.reason;

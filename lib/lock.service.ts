@@ -1025,6 +1025,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */
   async releaseQuietly(handle: LockHandle | LockGroup, minHoldMs = 0): Promise<void> {
     if (handle instanceof LockGroup) {
+      handle.detach();
       // All at once, as LockGroup.release: a frozen Redis holds the group up no longer than one lock.
       await Promise.all([...handle.handles].reverse().map((member) => this.releaseQuietly(member, minHoldMs)));
       return;

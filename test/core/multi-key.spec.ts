@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer } from '../support/redis-server.js';
-import { aborted, CapturingLogger, nextEvent, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, CapturingLogger, nextEvent, signalHooks, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('multi-key locks', () => {
   let redis: RedisServer;
@@ -91,6 +91,49 @@ describe('multi-key locks', () => {
     expect(group.handle('l:1')!.isHeld).toBe(true);
     await group.release();
     expect(await held('l:1')).toBe(0);
+  });
+
+  it("reads as aborted when first read after a key was lost, and when read after the event loop was blocked past a key's lease", async () => {
+    const group = await app.locks.acquire(['l:3', 'l:4']);
+    const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'l:4');
+    await raw.del('lock:{l:4}');
+    await lost;
+    expect(group.signal.aborted).toBe(true); // its first read
+    expect((group.signal.reason as LockLostError).key).toBe('l:4');
+    await group.release();
+
+    const fixed = await app.locks.acquire(['b:1', 'b:2'], { leaseMs: 300 }); // no watchdog: nothing renews it
+    expect(fixed.signal.aborted).toBe(false);
+    const until = performance.now() + 500;
+    while (performance.now() < until) {
+      /* a synchronous CPU hog longer than the lease: no timer of the library runs meanwhile */
+    }
+    expect(fixed.signal.aborted).toBe(true); // this read checked the deadlines
+    expect((fixed.signal.reason as LockLostError).reason).toBe('lease-expired');
+    await fixed.release();
+  });
+
+  it('leaves nothing on a lock it re-entered once the group is released, and a released group is not aborted by a later loss', async () => {
+    const outer = await app.locks.acquire('o:1');
+    await outer.run(async () => {
+      const before = signalHooks(outer.signal);
+      for (let i = 0; i < 3; i++) {
+        const group = await app.locks.acquire(['o:1', `o:${i + 2}`]);
+        expect(group.handle('o:1')!.holdCount).toBe(2);
+        expect(group.signal.aborted).toBe(false);
+        await (i === 2 ? app.locks.releaseQuietly(group) : group.release());
+        expect(signalHooks(outer.signal)).toEqual(before);
+      }
+      const released = await app.locks.acquire(['o:1', 'o:9']);
+      const watched = released.signal;
+      await released.release();
+      const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'o:1');
+      await raw.del('lock:{o:1}');
+      await lost;
+      expect(outer.signal.aborted).toBe(true);
+      expect(watched.aborted).toBe(false);
+    });
+    expect(await held('o:1', 'o:2', 'o:3', 'o:4', 'o:9')).toBe(0);
   });
 
   it("extend() sets every key's remaining lease, and the watchdog then renews each key with that lease", async () => {

@@ -1,11 +1,10 @@
 import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { getEventListeners } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
-import { asleep, firstAfterRelease, nextEvent, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, firstAfterRelease, nextEvent, nextEvents, signalHooks, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('waiting for a held lock', () => {
   let redis: RedisServer;
@@ -131,11 +130,7 @@ describe('waiting for a held lock', () => {
     // The shutdown signal lives as long as the service. A wait used to join it to the caller's
     // signal with AbortSignal.any, which leaves an entry on it per wait: Node 20 never removes them.
     const shutdown = (app.locks as unknown as { shutdown: AbortController }).shutdown.signal;
-    const dependants = () => {
-      const symbol = Object.getOwnPropertySymbols(shutdown).find((s) => s.description === 'kDependantSignals');
-      return symbol === undefined ? 0 : (((shutdown as unknown as Record<symbol, Set<unknown> | undefined>)[symbol])?.size ?? 0);
-    };
-    const hooks = () => ({ dependants: dependants(), listeners: getEventListeners(shutdown, 'abort').length });
+    const hooks = () => signalHooks(shutdown);
     const before = hooks();
     for (const keys of ['abort:3', ['abort:3', 'abort:4']] as const) {
       for (const outcome of ['granted', 'aborted'] as const) {

@@ -5,6 +5,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
 import { AsyncResource } from 'node:async_hooks';
+import { getEventListeners } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import type { Redis } from 'ioredis';
 import { RedisServer, until } from './redis-server.js';
@@ -166,6 +167,16 @@ export function nextEvents<T extends LockEvent['type']>(events$: Observable<Lock
 export function aborted(signal: AbortSignal): Promise<unknown> {
   if (signal.aborted) return Promise.resolve(signal.reason);
   return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
+}
+
+/**
+ * What other signals have hooked onto `signal`: its `abort` listeners, and the entries
+ * `AbortSignal.any` leaves on it (Node 20 never removes those).
+ */
+export function signalHooks(signal: AbortSignal): { dependants: number; listeners: number } {
+  const symbol = Object.getOwnPropertySymbols(signal).find((s) => s.description === 'kDependantSignals');
+  const dependants = symbol === undefined ? undefined : (signal as unknown as Record<symbol, Set<unknown> | undefined>)[symbol];
+  return { dependants: dependants?.size ?? 0, listeners: getEventListeners(signal, 'abort').length };
 }
 
 /** Runs `fn` outside the caller's lock context (a fresh async scope): its locks get their own owner. */
