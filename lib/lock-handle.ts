@@ -1,6 +1,7 @@
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { HeldLock } from './held-lock.js';
 import type { LockContext } from './lock-context.js';
+import type { LockMode } from './store/lock-store.js';
 
 /** @internal What a handle needs from the service that issued it. */
 export interface LockHandleHost {
@@ -45,6 +46,14 @@ export class LockHandle {
   /** The owner id this lock is held under in Redis. */
   get owner(): string {
     return this.lock.owner;
+  }
+
+  /**
+   * Which side of the key this handle holds: `'exclusive'` (a plain lock), or `'read'` or `'write'`
+   * (a read-write lock). A writer that also reads holds a `'write'` handle and a `'read'` one.
+   */
+  get mode(): LockMode {
+    return this.lock.mode;
   }
 
   /**

@@ -48,6 +48,9 @@ describe('read-write locks', () => {
       expect(again.holdCount).toBe(2);
       const read = await app.locks.readLock('rw:3'); // downgrade
       expect(read.holdCount).toBe(1);
+      expect([outer.mode, again.mode, read.mode]).toEqual(['write', 'write', 'read']);
+      expect(app.locks.current('rw:3')!.mode).toBe('write');
+      expect(read.run(() => app.locks.current('rw:3')!.mode)).toBe('read'); // the innermost hold on the key
       expect(await canRead('rw:3')).toBe(false); // still a writer inside
       await again.release();
       expect(outer.isHeld).toBe(true);

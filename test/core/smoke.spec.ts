@@ -9,6 +9,7 @@ describe('smoke', () => {
 
   it('acquires and releases', async () => {
     const h = await app.locks.acquire('a');
+    expect(h.mode).toBe('exclusive');
     expect(await app.locks.isLocked('a')).toBe(true);
     await h.release();
     expect(await app.locks.isLocked('a')).toBe(false);
