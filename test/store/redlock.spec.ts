@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
-import { aborted, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, asleep, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 import { RELEASE } from '../../lib/store/redis/lock.scripts.js';
@@ -177,6 +177,61 @@ describe('Redlock over 3 independent servers', () => {
       late.resume();
       await patient.close();
     }
+  });
+
+  it("sends a retry to a node only behind the give-back of the failed attempt's late grant there: the retry is a fresh grant, not a re-entry of it", async () => {
+    const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
+    const [first, second, late] = nodes as [RedisServer, RedisServer, RedisServer];
+    const key = 'lock:{rl:retry}';
+    const events: string[] = [];
+    const watching = patient.locks.events$.subscribe((e) => e.key === 'rl:retry' && events.push(e.type));
+    try {
+      late.pause();
+      // Another owner holds the lock on the first two nodes only.
+      for (const node of [first, second]) await node.client().multi().hset(key, 'someone-else', '1').pexpire(key, 60_000).exec();
+      const acquiring = patient.locks.acquire('rl:retry', { waitMs: 5_000 });
+      // Refused by the first two: the attempt failed (the frozen node will grant it), and the waiter
+      // sleeps until a release message.
+      await until(async () => asleep(patient, 'rl:retry') > 0, 5_000, 'the waiter asleep');
+      // The other owner lets go on the second node and says so: the waiter tries again, the second
+      // node grants it, and the refusal of the first leaves the quorum to the frozen node.
+      await second.client().del(key);
+      for (const node of [first, second]) await node.client().publish(key, 'released');
+      await until(async () => (await second.client().exists(key)) === 1, 5_000, 'the retry never reached the second node');
+      late.resume();
+      const lock = await acquiring;
+      expect(lock.holdCount).toBe(1);
+      expect(events).toEqual(['contended', 'acquired']);
+      await first.client().del(key);
+      await lock.release();
+      await until(async () => (await holders('rl:retry')).length === 0, 5_000, 'a node kept a hold after the release');
+    } finally {
+      watching.unsubscribe();
+      late.resume();
+      await patient.close();
+    }
+  });
+
+  it('leaves no waiting writer behind on a node that refused a write lock the quorum granted: readers are not kept out after its release', async () => {
+    const name = 'lock:{rl:writer-place}';
+    /** A writer granted on the other two nodes while `refusing` has a reader of someone else's, then released. */
+    const writeWhileRead = async (refusing: RedisServer) => {
+      const raw = refusing.client();
+      await raw.multi().hset(name, 'someone-else:read', '1', ':mode', 'read').pexpire(name, 60_000).exec();
+      await raw.config('RESETSTAT');
+      const writer = await elsewhere(() => app.locks.writeLock('rl:writer-place'));
+      await until(async () => (await scriptCalls(raw)) > 0, 5_000, 'the refusing node never ran the attempt'); // refused: a waiting writer there
+      await raw.del(name);
+      await writer.release();
+    };
+    await writeWhileRead(nodes[2]!);
+    await writeWhileRead(nodes[1]!);
+    // No writer waits any more: a reader gets the lock at once (a waiting writer keeps readers out
+    // of a node until its place lapses, fairQueueTimeoutMs: two such nodes out of 3 leave no quorum).
+    const reader = await elsewhere(() => app.locks.tryAcquire('rl:writer-place', { mode: 'read' }));
+    expect(reader).not.toBeNull();
+    await reader!.release();
+    for (const node of nodes) expect(await node.client().exists(`${name}:writers`)).toBe(0);
   });
 
   it('bounds each node\'s answer to a step by stepTimeoutMs: with every node frozen, a release and a read give up after it', async () => {

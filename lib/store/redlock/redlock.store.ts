@@ -12,6 +12,12 @@ export interface RedlockNode {
 
 type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
 
+/** Resolves on the next turn of the event loop, after the I/O callbacks of this one (replies read together included). */
+const nextTurn = (): Promise<void> => new Promise((resolve) => realTime.setImmediate(resolve));
+
+/** One owner's attempts on one side of one lock. */
+const attemptId = (owner: string, key: string, mode: LockMode): string => `${owner}\u0000${key}\u0000${mode}`;
+
 /**
  * Per-node timeout of one acquisition or renewal: a tenth of the lease, from 50 to 500 ms (a down
  * node must not eat the validity), and at most half the step timeout. So it stays well below the
@@ -19,9 +25,6 @@ type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
  * wait (waitMs under it) gets this store's answer (LockQuorumError with each node's vote) rather
  * than LockService's own "no answer" bound.
  */
-/** Resolves on the next turn of the event loop, after the I/O callbacks of this one (replies read together included). */
-const nextTurn = (): Promise<void> => new Promise((resolve) => realTime.setImmediate(resolve));
-
 const nodeTimeout = (leaseMs: number, stepTimeoutMs: number) => Math.min(Math.max(Math.floor(leaseMs / 10), 50), 500, Math.floor(stepTimeoutMs / 2));
 
 /**
@@ -50,6 +53,8 @@ export class RedlockStore implements LockStore {
   readonly boundsSteps = true;
   readonly quorum: number;
   readonly supportsFairMode = false;
+  /** Per node: failed attempts it has not answered yet, by owner, key and mode (see `follow`). */
+  private readonly settling: Map<string, Promise<void>>[];
 
   constructor(
     private readonly nodes: readonly RedlockNode[],
@@ -58,6 +63,7 @@ export class RedlockStore implements LockStore {
     private readonly stepTimeoutMs: number,
   ) {
     this.quorum = Math.floor(nodes.length / 2) + 1;
+    this.settling = nodes.map(() => new Map());
     this.description = `redlock over ${nodes.map((n) => n.name).join(', ')}`;
   }
 
@@ -106,7 +112,14 @@ export class RedlockStore implements LockStore {
       const holds = holdsHere(o, k, m);
       return holds === undefined || !counted ? holds : holds - 1;
     });
-    const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
+    // Behind a failed attempt of the same owner on this lock that a node has not answered yet: its
+    // give-back there goes first (see `follow`).
+    const attempt = attemptId(owner, key, mode);
+    const calls = this.nodes.map((n, i) => {
+      const send = () => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds });
+      const before = this.settling[i]!.get(attempt);
+      return before ? before.then(send) : send();
+    });
     const answers = await gather(calls, nodeTimeout(leaseMs, this.stepTimeoutMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
       if (granted >= this.quorum) return true;
@@ -124,19 +137,33 @@ export class RedlockStore implements LockStore {
       // it granted a lock already given back. That grant is given back too. The caller's holds are
       // counted on the next turn of the event loop, once the caller has recorded this grant (a late
       // answer may come in the same read as the deciding one).
+      //
+      // A node that refused a write lock (a reader holds it there) keeps the writer as waiting, and
+      // a waiting writer keeps new readers out of that node until its place lapses: the writer,
+      // which holds the lock now, leaves every such node, now or when it answers.
       counted = true;
-      if (holdsHere) {
-        calls.forEach((call, i) => {
-          if (answers[i] !== undefined) return;
-          void call
-            .then(async (late) => {
-              if (!late.granted) return;
-              await nextTurn();
-              if (holdsHere(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
-            })
-            .catch(() => undefined);
-        });
-      }
+      const leave = (i: number) => void this.nodes[i]!.store.abandon(key, owner, mode, false).catch(() => undefined);
+      calls.forEach((call, i) => {
+        const a = answers[i];
+        if (a?.ok) {
+          if (!a.value.granted && mode === 'write') leave(i);
+          return;
+        }
+        // Not answered yet (or given up on): act on the answer when it comes.
+        const countHolds = a === undefined ? holdsHere : undefined;
+        if (!countHolds && mode !== 'write') return;
+        void call
+          .then(async (late) => {
+            if (!late.granted) {
+              if (mode === 'write') leave(i);
+              return;
+            }
+            if (!countHolds) return;
+            await nextTurn();
+            if (countHolds(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
+          })
+          .catch(() => undefined);
+      });
       return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
@@ -144,7 +171,13 @@ export class RedlockStore implements LockStore {
       calls.map((call, i) => {
         const a = answers[i];
         if (a?.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
-        void call.then((late) => (late.granted ? this.nodes[i]!.store.release(key, owner, mode) : undefined)).catch(() => undefined);
+        const settled = call.then(
+          (late) => {
+            if (late.granted) void this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined);
+          },
+          () => undefined,
+        );
+        this.follow(i, attempt, settled);
         return undefined;
       }),
     );
@@ -155,6 +188,21 @@ export class RedlockStore implements LockStore {
     // A quorum that granted too late to be valid: retry at once.
     if (grants.length >= this.quorum) return { granted: false, ttlMs: 0 };
     return { granted: false, ttlMs: Math.max(-1, ...refusals.map((r) => r.ttlMs)) };
+  }
+
+  /**
+   * A failed attempt that node `i` has not answered yet: the next attempt of the same owner on the
+   * same lock goes to that node only once `settled` resolves, that is once the node answered and,
+   * if it granted, its give-back was sent. Sent right away, the next attempt would run on the node
+   * before the give-back: as a re-entry of the failed attempt's grant, with a hold count one too
+   * high (the give-back then took it back down, but the grant had been reported as a re-entry).
+   */
+  private follow(i: number, attempt: string, settled: Promise<void>): void {
+    const waiting = this.settling[i]!;
+    waiting.set(attempt, settled);
+    void settled.then(() => {
+      if (waiting.get(attempt) === settled) waiting.delete(attempt);
+    });
   }
 
   async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
