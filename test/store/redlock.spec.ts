@@ -179,7 +179,7 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
-  it("sends a retry to a node only behind the give-back of the failed attempt's late grant there: the retry is a fresh grant, not a re-entry of it", async () => {
+  it("counts a retry as a fresh grant while a node has not answered the failed attempt before it (that node grants the retry as a re-entry of the failed attempt's grant, given back only after)", async () => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
     const [first, second, late] = nodes as [RedisServer, RedisServer, RedisServer];
     const key = 'lock:{rl:retry}';

@@ -53,8 +53,8 @@ export class RedlockStore implements LockStore {
   readonly boundsSteps = true;
   readonly quorum: number;
   readonly supportsFairMode = false;
-  /** Per node: failed attempts it has not answered yet, by owner, key and mode (see `follow`). */
-  private readonly settling: Map<string, Promise<void>>[];
+  /** Per node: how many failed attempts it has not answered yet, by owner, key and mode (see `unsettled`). */
+  private readonly unanswered: Map<string, number>[];
 
   constructor(
     private readonly nodes: readonly RedlockNode[],
@@ -63,7 +63,7 @@ export class RedlockStore implements LockStore {
     private readonly stepTimeoutMs: number,
   ) {
     this.quorum = Math.floor(nodes.length / 2) + 1;
-    this.settling = nodes.map(() => new Map());
+    this.unanswered = nodes.map(() => new Map());
     this.description = `redlock over ${nodes.map((n) => n.name).join(', ')}`;
   }
 
@@ -112,14 +112,12 @@ export class RedlockStore implements LockStore {
       const holds = holdsHere(o, k, m);
       return holds === undefined || !counted ? holds : holds - 1;
     });
-    // Behind a failed attempt of the same owner on this lock that a node has not answered yet: its
-    // give-back there goes first (see `follow`).
+    // A node that has not answered a failed attempt of this owner on this lock yet may grant that
+    // attempt before this one, and take its hold back only after: this one is then a re-entry of
+    // it there, its hold count one too high (see `unsettled`).
     const attempt = attemptId(owner, key, mode);
-    const calls = this.nodes.map((n, i) => {
-      const send = () => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds });
-      const before = this.settling[i]!.get(attempt);
-      return before ? before.then(send) : send();
-    });
+    const inflated = this.nodes.map((_, i) => this.unanswered[i]!.has(attempt));
+    const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
     const answers = await gather(calls, nodeTimeout(leaseMs, this.stepTimeoutMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
       if (granted >= this.quorum) return true;
@@ -164,20 +162,17 @@ export class RedlockStore implements LockStore {
           })
           .catch(() => undefined);
       });
-      return { granted: true, holdCount: Math.max(...grants.map((g) => g.holdCount)), fencingToken: Number.NaN };
+      // The hold count of the nodes that cannot count a failed attempt's hold, where there are any.
+      const trusted = answers.flatMap((a, i) => (a?.ok && a.value.granted && !inflated[i] ? [a.value.holdCount] : []));
+      return { granted: true, holdCount: Math.max(...(trusted.length > 0 ? trusted : grants.map((g) => g.holdCount))), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
     await Promise.all(
       calls.map((call, i) => {
         const a = answers[i];
         if (a?.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
-        const settled = call.then(
-          (late) => {
-            if (late.granted) void this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined);
-          },
-          () => undefined,
-        );
-        this.follow(i, attempt, settled);
+        this.unsettled(i, attempt, call);
+        void call.then((late) => (late.granted ? this.nodes[i]!.store.release(key, owner, mode) : undefined)).catch(() => undefined);
         return undefined;
       }),
     );
@@ -191,18 +186,21 @@ export class RedlockStore implements LockStore {
   }
 
   /**
-   * A failed attempt that node `i` has not answered yet: the next attempt of the same owner on the
-   * same lock goes to that node only once `settled` resolves, that is once the node answered and,
-   * if it granted, its give-back was sent. Sent right away, the next attempt would run on the node
-   * before the give-back: as a re-entry of the failed attempt's grant, with a hold count one too
-   * high (the give-back then took it back down, but the grant had been reported as a re-entry).
+   * Node `i` has not answered a failed attempt (`call`) of an owner on a lock yet. Should it grant
+   * it, the hold is given back when its answer comes, so after any attempt of the same owner on
+   * the same lock sent meanwhile: that one is a re-entry of the failed attempt's grant on that
+   * node, with a hold count one too high. Until the node answers, attempts sent to it are marked,
+   * and their hold count is taken from the other nodes' grants.
    */
-  private follow(i: number, attempt: string, settled: Promise<void>): void {
-    const waiting = this.settling[i]!;
-    waiting.set(attempt, settled);
-    void settled.then(() => {
-      if (waiting.get(attempt) === settled) waiting.delete(attempt);
-    });
+  private unsettled(i: number, attempt: string, call: Promise<unknown>): void {
+    const counts = this.unanswered[i]!;
+    counts.set(attempt, (counts.get(attempt) ?? 0) + 1);
+    const answered = () => {
+      const left = counts.get(attempt)! - 1;
+      if (left > 0) counts.set(attempt, left);
+      else counts.delete(attempt);
+    };
+    void call.then(answered, answered);
   }
 
   async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
