@@ -116,7 +116,7 @@ export class RedlockStore implements LockStore {
     // attempt before this one, and take its hold back only after: this one is then a re-entry of
     // it there, its hold count one too high (see `unsettled`).
     const attempt = attemptId(owner, key, mode);
-    const inflated = this.nodes.map((_, i) => this.unanswered[i]!.has(attempt));
+    const inflated = this.nodes.map((_, i) => this.unanswered[i]!.get(attempt) ?? 0);
     const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
     const answers = await gather(calls, nodeTimeout(leaseMs, this.stepTimeoutMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
@@ -162,9 +162,9 @@ export class RedlockStore implements LockStore {
           })
           .catch(() => undefined);
       });
-      // The hold count of the nodes that cannot count a failed attempt's hold, where there are any.
-      const trusted = answers.flatMap((a, i) => (a?.ok && a.value.granted && !inflated[i] ? [a.value.holdCount] : []));
-      return { granted: true, holdCount: Math.max(...(trusted.length > 0 ? trusted : grants.map((g) => g.holdCount))), fencingToken: Number.NaN };
+      // Each node's count without the holds of failed attempts it may have granted before this one.
+      const counts = answers.flatMap((a, i) => (a?.ok && a.value.granted ? [Math.max(1, a.value.holdCount - inflated[i]!)] : []));
+      return { granted: true, holdCount: Math.max(...counts), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
     await Promise.all(
@@ -189,8 +189,8 @@ export class RedlockStore implements LockStore {
    * Node `i` has not answered a failed attempt (`call`) of an owner on a lock yet. Should it grant
    * it, the hold is given back when its answer comes, so after any attempt of the same owner on
    * the same lock sent meanwhile: that one is a re-entry of the failed attempt's grant on that
-   * node, with a hold count one too high. Until the node answers, attempts sent to it are marked,
-   * and their hold count is taken from the other nodes' grants.
+   * node, with a hold count one too high. Until the node answers, attempts sent to it take one
+   * hold off that node's count for each failed attempt it has not answered.
    */
   private unsettled(i: number, attempt: string, call: Promise<unknown>): void {
     const counts = this.unanswered[i]!;
