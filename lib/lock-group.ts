@@ -1,3 +1,4 @@
+import { anySignal } from './internal/any-signal.js';
 import type { LockContext } from './lock-context.js';
 import type { LockHandle } from './lock-handle.js';
 
@@ -13,10 +14,11 @@ import type { LockHandle } from './lock-handle.js';
  * });
  */
 export class LockGroup {
-  /** Created on first read of `signal`: most groups are released without anyone reading it. */
-  private controller: AbortController | undefined;
-  /** Stops listening to the handles' signals (set while the group's signal listens to them). */
-  private unhook: (() => void) | undefined;
+  /**
+   * The group's signal, following its handles' signals until it aborts or the group is released.
+   * Made on first read of `signal`: most groups are released without anyone reading it.
+   */
+  private following: { signal: AbortSignal; dispose(): void } | undefined;
 
   /** @internal */
   constructor(
@@ -31,39 +33,14 @@ export class LockGroup {
    * checks every lease deadline on the spot, as a handle's `signal` does.
    */
   get signal(): AbortSignal {
-    if (!this.controller) this.controller = this.listen();
-    else if (!this.controller.signal.aborted) for (const h of this.handles) if (!h.released) void h.signal; // checks the deadline; a loss aborts the group at once
-    return this.controller.signal;
+    if (!this.following) this.following = anySignal(this.handles.filter((h) => !h.released).map((h) => h.signal));
+    else if (!this.following.signal.aborted) for (const h of this.handles) if (!h.released) void h.signal; // checks the deadline; a loss aborts the group at once
+    return this.following.signal;
   }
 
-  /**
-   * The group's signal listens to its handles' signals until it aborts or the group is released.
-   * (Not `AbortSignal.any`: that leaves an entry on each handle's signal per group, and a lock held
-   * for long and re-entered by many groups would keep them all; Node 20 never removes them.)
-   */
-  private listen(): AbortController {
-    const controller = new AbortController();
-    const signals = this.handles.filter((h) => !h.released).map((h) => h.signal);
-    const lost = signals.find((s) => s.aborted);
-    if (lost) {
-      controller.abort(lost.reason);
-      return controller;
-    }
-    const onAbort = (event: Event): void => {
-      this.detach();
-      controller.abort((event.target as AbortSignal).reason);
-    };
-    for (const s of signals) s.addEventListener('abort', onAbort);
-    this.unhook = () => {
-      for (const s of signals) s.removeEventListener('abort', onAbort);
-    };
-    return controller;
-  }
-
-  /** @internal The group is released: its signal stops listening to the handles' signals. */
+  /** @internal The group is released: its signal stops following the handles' signals. */
   detach(): void {
-    this.unhook?.();
-    this.unhook = undefined;
+    this.following?.dispose();
   }
 
   /** The keys, in canonical (sorted) order. */

@@ -14,6 +14,7 @@ import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
 import { realTime, withTimeout, type Time } from './internal/time.js';
 import { OutageLog } from './internal/outage-log.js';
+import { anySignal } from './internal/any-signal.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
 import type { LockContext } from './lock-context.js';
 import type { LockEvent } from './lock-events.js';
@@ -700,27 +701,10 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   /**
    * What ends a waiter's sleep early: the caller's `signal`, and shutdown. With a caller's signal,
    * a signal of the wait's own that either aborts; `dispose()`, when the wait ends, unhooks it from
-   * both. (`AbortSignal.any` would leave an entry for every such wait on the shutdown signal, which
-   * lives as long as this service: Node 20 never removes them, Node 22 and 26 only after a GC.)
+   * both (the shutdown signal lives as long as this service: see anySignal).
    */
   private sleepSignal(o: ResolvedLockOptions): { signal: AbortSignal; dispose(): void } {
-    const shutdown = this.shutdown.signal;
-    const caller = o.signal;
-    if (!caller) return { signal: shutdown, dispose: () => undefined };
-    const either = new AbortController();
-    const abort = () => either.abort();
-    if (caller.aborted || shutdown.aborted) abort();
-    else {
-      caller.addEventListener('abort', abort, { once: true });
-      shutdown.addEventListener('abort', abort, { once: true });
-    }
-    return {
-      signal: either.signal,
-      dispose: () => {
-        caller.removeEventListener('abort', abort);
-        shutdown.removeEventListener('abort', abort);
-      },
-    };
+    return o.signal ? anySignal([o.signal, this.shutdown.signal]) : { signal: this.shutdown.signal, dispose: () => undefined };
   }
 
   private acquisitionEnded(): void {
