@@ -115,8 +115,12 @@ export class RedlockStore implements LockStore {
     // A node that has not answered a failed attempt of this owner on this lock yet may grant that
     // attempt before this one, and take its hold back only after: this one is then a re-entry of
     // it there, its hold count one too high (see `unsettled`).
-    const attempt = attemptId(owner, key, mode);
-    const inflated = this.nodes.map((_, i) => this.unanswered[i]!.get(attempt) ?? 0);
+    // Nothing to look up while no node has a failed attempt unanswered, the usual case.
+    let inflated: number[] | undefined;
+    if (this.unanswered.some((m) => m.size > 0)) {
+      const attempt = attemptId(owner, key, mode);
+      inflated = this.unanswered.map((m) => m.get(attempt) ?? 0);
+    }
     const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
     const answers = await gather(calls, nodeTimeout(leaseMs, this.stepTimeoutMs), (got, pending) => {
       const granted = got.filter((a) => a?.ok && a.value.granted).length;
@@ -140,11 +144,10 @@ export class RedlockStore implements LockStore {
       // a waiting writer keeps new readers out of that node until its place lapses: the writer,
       // which holds the lock now, leaves every such node, now or when it answers.
       counted = true;
-      const leave = (i: number) => void this.nodes[i]!.store.abandon(key, owner, mode, false).catch(() => undefined);
       calls.forEach((call, i) => {
         const a = answers[i];
         if (a?.ok) {
-          if (!a.value.granted && mode === 'write') leave(i);
+          if (!a.value.granted && mode === 'write') this.leaveWriters(i, key, owner);
           return;
         }
         // Not answered yet (or given up on): act on the answer when it comes.
@@ -153,7 +156,7 @@ export class RedlockStore implements LockStore {
         void call
           .then(async (late) => {
             if (!late.granted) {
-              if (mode === 'write') leave(i);
+              if (mode === 'write') this.leaveWriters(i, key, owner);
               return;
             }
             if (!countHolds) return;
@@ -163,7 +166,7 @@ export class RedlockStore implements LockStore {
           .catch(() => undefined);
       });
       // Each node's count without the holds of failed attempts it may have granted before this one.
-      const counts = answers.flatMap((a, i) => (a?.ok && a.value.granted ? [Math.max(1, a.value.holdCount - inflated[i]!)] : []));
+      const counts = answers.flatMap((a, i) => (a?.ok && a.value.granted ? [Math.max(1, a.value.holdCount - (inflated?.[i] ?? 0))] : []));
       return { granted: true, holdCount: Math.max(...counts), fencingToken: Number.NaN };
     }
     // Not granted: give back every hold this attempt took, now or when a late node answers.
@@ -171,7 +174,7 @@ export class RedlockStore implements LockStore {
       calls.map((call, i) => {
         const a = answers[i];
         if (a?.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
-        this.unsettled(i, attempt, call);
+        this.unsettled(i, attemptId(owner, key, mode), call);
         void call.then((late) => (late.granted ? this.nodes[i]!.store.release(key, owner, mode) : undefined)).catch(() => undefined);
         return undefined;
       }),
@@ -183,6 +186,11 @@ export class RedlockStore implements LockStore {
     // A quorum that granted too late to be valid: retry at once.
     if (grants.length >= this.quorum) return { granted: false, ttlMs: 0 };
     return { granted: false, ttlMs: Math.max(-1, ...refusals.map((r) => r.ttlMs)) };
+  }
+
+  /** A writer that holds the lock leaves node `i`'s waiting writers, where that node refused it. */
+  private leaveWriters(i: number, key: string, owner: string): void {
+    void this.nodes[i]!.store.abandon(key, owner, 'write', false).catch(() => undefined);
   }
 
   /**
