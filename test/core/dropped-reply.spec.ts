@@ -633,6 +633,12 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
 
   it('corrects a node that answers after the quorum granted the lock', async () => {
     const key = 'redlock:late';
+    // The test before cut every link: each connection must be back before replies are held, or a
+    // step queued behind its reconnection's handshake never runs (a clean-clone CI run saw it: 0
+    // answered). A lock step run on every node shows each is back.
+    const warm = await Promise.all(links.map(({ raw }) => scriptCalls(raw)));
+    await (await app.locks.acquire('redlock:warm')).release();
+    for (const [i, { raw }] of links.entries()) await until(async () => (await scriptCalls(raw)) - warm[i]! >= 2, 10_000, `a lock step on node ${i}`);
     const before = await scriptCalls(links[2]!.raw);
     for (const { link } of links) link.hold('from-target');
     const acquiring = app.locks.acquire(key);
