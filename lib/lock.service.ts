@@ -95,6 +95,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private readonly releaseFailureLog = new OutageLog(this.logger, 'releases failed', 'releases work again');
   /** Acquisitions in progress (an attempt in flight, or waiting), and who to tell when the last one has ended (shutdown waits for them). */
   private acquiring = 0;
+  /**
+   * Acquisition attempts given up on (see `bounded`) whose reply has not come yet, by held-lock id:
+   * each settles once the reply came and a late grant was given back. The next attempt of that
+   * owner on that lock (and side) is sent only then: sent earlier, Redis would count it on top of
+   * that grant, and a fresh acquisition would read as a re-entry (hold count 2, `reentered`).
+   */
+  private readonly givenUp = new Map<string, Promise<void>>();
   private lastAcquisitionEnded: (() => void) | undefined;
 
   /**
@@ -417,7 +424,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         o.signal?.throwIfAborted();
         if (this.closing) throw shutDown(keys.join(', '));
         const start = this.time.now();
-        const result = await this.bounded(acquireMany(keys, context.owner, o.leaseMs, this.countHolds), start, deadline, keys.join(', '), (late) =>
+        const result = await this.bounded(() => acquireMany(keys, context.owner, o.leaseMs, this.countHolds), context.owner, keys, 'exclusive', start, deadline, (late) =>
           late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner))) : undefined,
         );
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
@@ -678,7 +685,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           const handover = woken ? watch.takeHandover?.() : undefined;
           if (handover) {
             // Bounded as an attempt is: a grant that comes after the wait ended is given back.
-            const handed = await this.bounded(handover, this.time.now(), deadline, key, (late) => (late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined));
+            const handed = await this.bounded(handover, context.owner, key, o.mode, this.time.now(), deadline, (late) =>
+              late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode) : undefined,
+            );
             const handle = await this.takenOver(key, context, o, handed, started);
             if (handle) {
               woken = false;
@@ -765,7 +774,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     /** When the attempt started: Redis's lease counts from a moment after it. */
     start = this.time.now(),
   ): Promise<{ result: AcquireResult; start: number }> {
-    const request = this.store.acquire(
+    const send = (): Promise<AcquireResult> => this.store.acquire(
       o.fair
         ? {
             key,
@@ -781,7 +790,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           }
         : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.countHolds },
     );
-    const result = await this.bounded(request, start, deadline, key, (late) =>
+    const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
       late.granted ? this.store.release(key, owner, o.mode) : undefined,
     );
     if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
@@ -814,21 +823,64 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * Waits for an acquisition request for the remaining wait, but never less than stepTimeoutMs
-   * and the time the store may wait for replicas (confirmMs).
+   * Waits for an acquisition request of `owner` on `keys` for the remaining wait, but never less
+   * than stepTimeoutMs and the time the store may wait for replicas (confirmMs).
    * If Redis does not answer in time, the attempt is abandoned (LockBackendError); should it still
    * be granted later, `giveBack` returns that grant at once so no orphan lock stays until its lease ends.
+   * `send` (an attempt not sent yet) goes only once every attempt of the owner on these keys that
+   * was abandoned so far has been answered and given back (see givenUp); it is not sent at all if
+   * its own bound passes first. A request already sent (a handover) is not held back.
    */
-  private bounded<R>(request: Promise<R>, start: number, deadline: number, what: string, giveBack: (late: R) => unknown): Promise<R> {
+  private bounded<R>(
+    send: (() => Promise<R>) | Promise<R>,
+    owner: string,
+    keys: string | readonly string[],
+    mode: LockMode,
+    start: number,
+    deadline: number,
+    giveBack: (late: R) => unknown,
+  ): Promise<R> {
     const limit = Math.max(deadline - start, this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
+    const earlier = typeof send === 'function' && this.givenUp.size > 0 ? this.unansweredBefore(owner, keys, mode) : undefined;
+    let abandoned = false;
+    const request =
+      typeof send !== 'function'
+        ? send
+        : earlier
+          ? earlier.then(() => {
+              if (abandoned) throw new AttemptTimeout(limit);
+              return send();
+            })
+          : send();
     return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
-        request.then(giveBack, () => undefined).then(undefined, () => undefined);
+        abandoned = true;
+        this.noteGivenUp(owner, keys, mode, request.then(giveBack, () => undefined).then(() => undefined, () => undefined));
       }
       // Our own errors (a replica shortfall, a Redlock quorum) say more than a wrapper would.
       if (error instanceof LockError) throw error;
-      throw new LockBackendError('acquire', what, error);
+      throw new LockBackendError('acquire', typeof keys === 'string' ? keys : keys.join(', '), error);
     });
+  }
+
+  /** What an attempt of `owner` on `keys` waits for before it is sent: the abandoned attempts there not answered yet (see givenUp). */
+  private unansweredBefore(owner: string, keys: string | readonly string[], mode: LockMode): Promise<unknown> | undefined {
+    if (typeof keys === 'string') return this.givenUp.get(heldLockId(owner, keys, mode));
+    const pending = keys.map((key) => this.givenUp.get(heldLockId(owner, key, mode))).filter((p) => p !== undefined);
+    return pending.length === 0 ? undefined : Promise.all(pending);
+  }
+
+  /** Records an abandoned attempt until `answered` settles (its reply came and a late grant was given back). */
+  private noteGivenUp(owner: string, keys: string | readonly string[], mode: LockMode, answered: Promise<void>): void {
+    for (const key of typeof keys === 'string' ? [keys] : keys) {
+      const id = heldLockId(owner, key, mode);
+      const before = this.givenUp.get(id);
+      const entry = before ? Promise.all([before, answered]).then(() => undefined) : answered;
+      this.givenUp.set(id, entry);
+      void entry.then(() => {
+        if (this.givenUp.get(id) === entry) this.givenUp.delete(id);
+      });
+    }
   }
 
   private granted(

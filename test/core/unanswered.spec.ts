@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError, type LockHandle, type LockLostError } from '../../lib/index.js';
+import { LockBackendError, type LockGroup, type LockHandle, type LockLostError } from '../../lib/index.js';
 import { until, type RedisServer } from '../support/redis-server.js';
 import { asleep, nextEvent, nextEvents, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
@@ -200,6 +200,80 @@ describe('stepTimeoutMs', () => {
     expect(await app.locks.isLocked('bound:short-other')).toBe(false);
     await until(async () => !(await app.locks.isLocked('bound:short-free')), 5_000, 'the late grant was never given back');
     await other.release().catch(() => undefined);
+  });
+
+  /**
+   * An owner (here a context's) tries again after an attempt it gave up on while Redis was frozen.
+   * Redis grants the abandoned attempt once it is back, and this process gives that grant back when
+   * its reply comes. Sent before that, the retry would be counted on top of it: a fresh
+   * acquisition reported as a re-entry (hold count 2, `reentered`).
+   */
+  it.each<[string, { fair?: boolean; mode?: 'read' }, boolean]>([
+    ['plain', {}, false],
+    ['fair', { fair: true }, false],
+    ['read', { mode: 'read' }, false],
+    ['group', {}, true],
+  ])('a %s retry sent while an abandoned attempt of its owner is unanswered is a fresh acquisition once Redis is back', async (kind, options, group) => {
+    const keys = group ? [`bound:retry-${kind}-a`, `bound:retry-${kind}-b`] : [`bound:retry-${kind}`];
+    const take = (waitMs: number): Promise<LockHandle | LockGroup> =>
+      group ? app.locks.acquire(keys, { ...options, waitMs }) : app.locks.acquire(keys[0]!, { ...options, waitMs });
+    const events: string[] = [];
+    const subscription = app.locks.events$.subscribe((e) => keys.includes(e.key) && events.push(`${e.type} ${e.key}`));
+    try {
+      await app.locks.run('bound:retry-outer', async () => {
+        let retry: ReturnType<typeof take>;
+        redis.pause();
+        try {
+          expect(await within(take(0), 5_000).catch((e: unknown) => e)).toBeInstanceOf(LockBackendError);
+          // Sent while Redis is still frozen, in the same context: the same owner.
+          retry = take(10_000);
+        } finally {
+          redis.resume();
+        }
+        const got = await within(retry, 10_000);
+        expect('handles' in got ? got.handles.map((h) => h.holdCount) : [(got as LockHandle).holdCount]).toEqual(keys.map(() => 1));
+        for (const key of keys) expect(await app.locks.holdCount(key, { mode: options.mode })).toBe(1);
+        await got.release();
+      });
+    } finally {
+      subscription.unsubscribe();
+    }
+    for (const key of keys) expect(await app.locks.isLocked(key)).toBe(false);
+    // The abandoned attempt emitted nothing: its grant never reached a caller.
+    expect(events.sort()).toEqual(keys.flatMap((key) => [`acquired ${key}`, `released ${key}`]).sort());
+  });
+
+  it('a retry whose own bound passes while it waits for an abandoned attempt of its owner is never sent, and nothing stays held', async () => {
+    const key = 'bound:retry-unsent';
+    // Every acquisition script Redis runs on the key (only those name its fencing counter).
+    const monitor = await redis.client().monitor();
+    const attempts: string[] = [];
+    const marker = new Promise<void>((resolve) =>
+      monitor.on('monitor', (_time: string, args: string[]) => {
+        if (args[0] === 'evalsha' && args.includes(`lock:{${key}}:fence`)) attempts.push(args[0]);
+        if (args[0] === 'echo' && args[1] === 'marker') resolve();
+      }),
+    );
+    try {
+      await app.locks.run('bound:retry-outer', async () => {
+        redis.pause();
+        const failures = await within(
+          (async () => {
+            const first = await app.locks.acquire(key, { waitMs: 0 }).catch((e: unknown) => e);
+            // The retry gives up too, Redis still frozen.
+            return [first, await app.locks.acquire(key, { waitMs: 0 }).catch((e: unknown) => e)];
+          })(),
+          5_000,
+        ).finally(() => redis.resume());
+        for (const failure of failures) expect(failure).toBeInstanceOf(LockBackendError);
+      });
+      await until(async () => !(await app.locks.isLocked(key)), 5_000, 'the late grant was never given back');
+      await redis.client().echo('marker');
+      await within(marker, 5_000);
+      expect(attempts).toHaveLength(1);
+    } finally {
+      monitor.disconnect();
+    }
   });
 
   it('a longer bound: a Redis that stops answering for 1.5 s delays a release, and it still succeeds', async () => {
