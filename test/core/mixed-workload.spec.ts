@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { AsyncResource } from 'node:async_hooks';
-import { LockNotAcquiredError, type LockHandle, type LockModuleOptions, type LockService } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockNotAcquiredError, type LockHandle, type LockModuleOptions, type LockService } from '../../lib/index.js';
 import { RedisCluster } from '../support/redis-cluster.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { startLockApp, type LockApp } from '../support/lock-testing.js';
 
 /**
@@ -32,12 +32,24 @@ type Side = 'exclusive' | 'read' | 'write';
 
 class Checker {
   readonly violations: string[] = [];
-  /** key -> `${owner} ${side}` -> holds inside */
-  private readonly inside = new Map<string, Map<string, { owner: string; side: Side; count: number; handle: LockHandle }>>();
+  /** key -> `${owner} ${side}` -> the handles of this owner inside, one per hold */
+  private readonly inside = new Map<string, Map<string, { owner: string; side: Side; handles: LockHandle[] }>>();
   private readonly lastToken = new Map<string, number>();
   readersTogether = 0;
 
-  constructor(private readonly tokens: boolean) {}
+  /**
+   * `losses`: locks may be lost (Redis stops answering past their lease). A lost lock is told, not
+   * kept apart: its holder's handles (their signal aborted, which reading it checks against the
+   * lease deadline) count neither against another owner inside nor in their owner's hold count.
+   */
+  constructor(
+    private readonly tokens: boolean,
+    private readonly losses = false,
+  ) {}
+
+  private live(handle: LockHandle): boolean {
+    return !this.losses || !handle.signal.aborted;
+  }
 
   enter(handle: LockHandle): void {
     const { key, owner, mode: side } = handle;
@@ -48,12 +60,14 @@ class Checker {
         this.readersTogether++;
         continue;
       }
+      if (!this.live(handle) || !other.handles.some((h) => this.live(h))) continue;
       this.violations.push(`${side} hold of ${key} by ${owner} while ${other.owner} held its ${other.side} side`);
     }
     const id = `${owner} ${side}`;
-    const mine = here.get(id) ?? here.set(id, { owner, side, count: 0, handle }).get(id)!;
-    mine.count++;
-    if (handle.holdCount !== mine.count) this.violations.push(`${key} ${side} by ${owner}: hold count ${handle.holdCount}, ${mine.count} holds inside`);
+    const mine = here.get(id) ?? here.set(id, { owner, side, handles: [] }).get(id)!;
+    mine.handles.push(handle);
+    const holds = mine.handles.filter((h) => this.live(h)).length;
+    if (this.live(handle) && handle.holdCount !== holds) this.violations.push(`${key} ${side} by ${owner}: hold count ${handle.holdCount}, ${holds} holds inside`);
     if (this.tokens && handle.holdCount === 1 && side !== 'read') {
       const last = this.lastToken.get(key) ?? -1;
       if (!(handle.fencingToken > last)) this.violations.push(`${key}: fencing token ${handle.fencingToken} after ${last}`);
@@ -64,7 +78,9 @@ class Checker {
   leave(handle: LockHandle): void {
     const here = this.inside.get(handle.key)!;
     const id = `${handle.owner} ${handle.mode}`;
-    if (--here.get(id)!.count === 0) here.delete(id);
+    const mine = here.get(id)!;
+    mine.handles.splice(mine.handles.indexOf(handle), 1);
+    if (mine.handles.length === 0) here.delete(id);
   }
 }
 
@@ -75,6 +91,106 @@ function random(seed: number): () => number {
     state = (state * 1103515245 + 12345) & 0x7fffffff;
     return state / 0x7fffffff;
   };
+}
+
+/** What a run of the workload did. */
+interface Outcome {
+  done: Record<string, number>;
+  /** Errors other than those `allowed`: none expected. */
+  refused: unknown[];
+  /** Errors of the `allowed` kinds, by name. */
+  allowed: Record<string, number>;
+  contended: number;
+  lost: number;
+}
+
+/**
+ * SERVICES x WORKERS workers (spread over `apps`) each run OPS top-level operations of every kind,
+ * nesting up to 2 more at random, and report each protected section to `checker`.
+ */
+async function workload(
+  apps: LockApp[],
+  checker: Checker,
+  seed: number,
+  options: {
+    fair: boolean;
+    allowed: (new (...args: never[]) => Error)[];
+    /** Workers go on past OPS operations while this says so. */
+    more?: () => boolean;
+    /** How often a protected section works for 1.2 s instead of up to 3 ms (twice the lease: the watchdog renews it, unless Redis stops answering). */
+    longWork?: number;
+  },
+): Promise<Outcome> {
+  const next = random(seed);
+  const pick = <T>(from: readonly T[]): T => from[Math.floor(next() * from.length)]!;
+  const kinds = ['run', 'run', 'acquire', 'group', 'read', 'write', ...(options.fair ? ['fair'] : [])] as const;
+  const outcome: Outcome = { done: {}, refused: [], allowed: {}, contended: 0, lost: 0 };
+  const subscriptions = apps.map((app) =>
+    app.locks.events$.subscribe((e) => {
+      if (e.type === 'contended') outcome.contended++;
+      if (e.type === 'lost') outcome.lost++;
+    }),
+  );
+
+  const inside = async (locks: LockService, handles: LockHandle[], depth: number): Promise<void> => {
+    for (const h of handles) checker.enter(h);
+    try {
+      const work = next() < (options.longWork ?? 0) ? 1_200 : Math.floor(next() * 3);
+      await new Promise((resolve) => setTimeout(resolve, work)); // the protected work
+      if (depth < 2 && next() < 0.35) await operation(locks, depth + 1);
+    } finally {
+      for (const h of handles) checker.leave(h);
+    }
+  };
+
+  const operation = async (locks: LockService, depth = 0): Promise<void> => {
+    const kind = pick(kinds);
+    const waiting = { waitMs: 300 }; // nested locks in opposite orders deadlock until one gives up
+    if (kind === 'run') {
+      await locks.run(pick(PLAIN), (h) => inside(locks, [h], depth), waiting);
+    } else if (kind === 'acquire') {
+      const h = await locks.acquire(pick(PLAIN), waiting);
+      try {
+        await h.run(() => inside(locks, [h], depth));
+      } finally {
+        await h.release();
+      }
+    } else if (kind === 'group') {
+      await locks.run([pick(PLAIN), pick(PLAIN), pick(PLAIN)], (g) => inside(locks, [...g.handles], depth), waiting);
+    } else if (kind === 'read' || kind === 'write') {
+      const key = pick(READ_WRITE);
+      if (kind === 'write' && locks.current(key)?.mode === 'read') return; // a reader may not upgrade (refused, tested elsewhere)
+      await locks.run(key, (h) => inside(locks, [h], depth), { ...waiting, mode: kind });
+    } else {
+      await locks.run(pick(FAIR), (h) => inside(locks, [h], depth), { ...waiting, fair: true });
+    }
+    outcome.done[kind] = (outcome.done[kind] ?? 0) + 1;
+  };
+
+  const worker = async (locks: LockService) => {
+    for (let i = 0; i < OPS || options.more?.(); i++) {
+      // Each top-level operation in a fresh async scope: its own owner, as a request would have.
+      await new AsyncResource('operation').runInAsyncScope(() =>
+        operation(locks).catch((error: unknown) => {
+          const kind = options.allowed.find((allowed) => error instanceof allowed);
+          if (kind) outcome.allowed[kind.name] = (outcome.allowed[kind.name] ?? 0) + 1;
+          else outcome.refused.push(error);
+        }),
+      );
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: SERVICES * WORKERS }, (_, i) => worker(apps[i % apps.length]!.locks)));
+  } finally {
+    for (const s of subscriptions) s.unsubscribe();
+  }
+  return outcome;
+}
+
+/** Every key of the given Redis servers the locks live on but the fencing counters. */
+async function leftIn(nodes: RedisServer[]): Promise<string[]> {
+  const keys = (await Promise.all(nodes.map((node) => node.shared().keys('lock:*')))).flat();
+  return keys.filter((k) => !k.endsWith(':fence'));
 }
 
 describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('every kind of lock at once, nested at random, on the %s store', (store) => {
@@ -98,79 +214,86 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('every kind of
     await Promise.all(servers.map((s) => s.stop()));
   });
 
-  /** Every key of every Redis server the locks live on but the fencing counters. */
-  const leftInRedis = async () => {
-    const nodes = cluster ? cluster.servers : servers;
-    const keys = (await Promise.all(nodes.map((node) => node.shared().keys('lock:*')))).flat();
-    return keys.filter((k) => !k.endsWith(':fence'));
-  };
-
   it(`keeps owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
-    const next = random(SEED);
-    const pick = <T>(from: readonly T[]): T => from[Math.floor(next() * from.length)]!;
     const checker = new Checker(store !== 'redlock');
-    const kinds = ['run', 'run', 'acquire', 'group', 'read', 'write', ...(store === 'redlock' ? [] : ['fair'])] as const;
-    const done: Record<string, number> = {};
-    const refused: unknown[] = [];
-    let contended = 0;
-    const subscriptions = apps.map((app) => app.locks.events$.subscribe((e) => e.type === 'contended' && contended++));
-
-    const inside = async (locks: LockService, handles: LockHandle[], depth: number): Promise<void> => {
-      for (const h of handles) checker.enter(h);
-      try {
-        await new Promise((resolve) => setTimeout(resolve, Math.floor(next() * 3))); // the protected work
-        if (depth < 2 && next() < 0.35) await operation(locks, depth + 1);
-      } finally {
-        for (const h of handles) checker.leave(h);
-      }
-    };
-
-    const operation = async (locks: LockService, depth = 0): Promise<void> => {
-      const kind = pick(kinds);
-      const options = { waitMs: 300 }; // nested locks in opposite orders deadlock until one gives up
-      if (kind === 'run') {
-        await locks.run(pick(PLAIN), (h) => inside(locks, [h], depth), options);
-      } else if (kind === 'acquire') {
-        const h = await locks.acquire(pick(PLAIN), options);
-        try {
-          await h.run(() => inside(locks, [h], depth));
-        } finally {
-          await h.release();
-        }
-      } else if (kind === 'group') {
-        await locks.run([pick(PLAIN), pick(PLAIN), pick(PLAIN)], (g) => inside(locks, [...g.handles], depth), options);
-      } else if (kind === 'read' || kind === 'write') {
-        const key = pick(READ_WRITE);
-        if (kind === 'write' && locks.current(key)?.mode === 'read') return; // a reader may not upgrade (refused, tested elsewhere)
-        await locks.run(key, (h) => inside(locks, [h], depth), { ...options, mode: kind });
-      } else {
-        await locks.run(pick(FAIR), (h) => inside(locks, [h], depth), { ...options, fair: true });
-      }
-      done[kind] = (done[kind] ?? 0) + 1;
-    };
-
-    const worker = async (locks: LockService) => {
-      for (let i = 0; i < OPS; i++) {
-        // Each top-level operation in a fresh async scope: its own owner, as a request would have.
-        await new AsyncResource('operation').runInAsyncScope(() =>
-          operation(locks).catch((error: unknown) => {
-            if (!(error instanceof LockNotAcquiredError)) refused.push(error);
-          }),
-        );
-      }
-    };
-    const workers = Array.from({ length: SERVICES * WORKERS }, (_, i) => apps[i % apps.length]!.locks);
-    await Promise.all(workers.map(worker));
-    for (const s of subscriptions) s.unsubscribe();
+    const outcome = await workload(apps, checker, SEED, { fair: store !== 'redlock', allowed: [LockNotAcquiredError] });
 
     expect(checker.violations).toEqual([]);
-    expect(refused).toEqual([]);
+    expect(outcome.refused).toEqual([]);
     // The run did contend: owners waited for each other, and readers shared their keys.
-    expect(contended).toBeGreaterThan(0);
+    expect(outcome.contended).toBeGreaterThan(0);
     expect(checker.readersTogether).toBeGreaterThan(0);
-    for (const kind of new Set(kinds)) expect(done[kind]).toBeGreaterThan(10);
+    for (const kind of ['run', 'acquire', 'group', 'read', 'write', ...(store === 'redlock' ? [] : ['fair'])]) expect(outcome.done[kind]).toBeGreaterThan(10);
     // Everything released: no lock, queue or waiting-writers key is left, only fencing counters.
     if (store === 'memory') for (const key of [...PLAIN, ...READ_WRITE, ...FAIR]) expect(await apps[0]!.locks.isLocked(key)).toBe(false);
-    else expect(await leftInRedis()).toEqual([]);
+    else expect(await leftIn(cluster ? cluster.servers : servers)).toEqual([]);
   }, 120_000);
+});
+
+/**
+ * The same workload on one Redis server that stops answering (SIGSTOP) again and again, for 150 ms
+ * to 1.2 s at a time, against 600 ms leases and a 250 ms `stepTimeoutMs`: steps are given up on and
+ * run late, renewals come too late, locks are lost. What still holds:
+ * - no two owners inside one key at once while both still hold their lock (a lost lock is told,
+ *   through its signal, not kept apart: a Redis lock cannot keep a paused holder apart);
+ * - each hold count is the number of holds its owner has inside on the live lock;
+ * - fencing tokens still grow with every fresh grant;
+ * - the only errors are the ones an outage explains (a wait that ends, a step given up on, a lost lock);
+ * - once Redis answers again and everything is released, nothing of any lock stays (abandoned
+ *   attempts given back, waiters' queues left).
+ */
+describe('every kind of lock at once, nested at random, while Redis stops answering again and again', () => {
+  let redis: RedisServer;
+  const apps: LockApp[] = [];
+
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    for (let i = 0; i < SERVICES; i++) apps.push(await startLockApp({ redis: redis.url, leaseMs: 600, stepTimeoutMs: 250 }));
+  });
+  afterAll(async () => {
+    redis?.resume();
+    for (const app of apps) await app.close();
+    await redis?.stop();
+  });
+
+  it(`keeps live owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
+    const checker = new Checker(true, true);
+    // The outages' own lengths and the gaps between them (not waits for anything): cycled.
+    const OUTAGES = [300, 900, 150, 1_200, 500, 800];
+    let running = true;
+    let outages = 0;
+    const chaos = (async () => {
+      // On while the workers run; they run until every outage came at least once.
+      while (running) {
+        await new Promise((resolve) => setTimeout(resolve, 400));
+        if (!running) break;
+        redis.pause();
+        await new Promise((resolve) => setTimeout(resolve, OUTAGES[outages++ % OUTAGES.length]));
+        redis.resume();
+      }
+    })();
+    let outcome: Outcome;
+    try {
+      outcome = await workload(apps, checker, SEED, {
+        fair: true,
+        allowed: [LockNotAcquiredError, LockBackendError, LockLostError],
+        more: () => outages < OUTAGES.length,
+        longWork: 0.1,
+      });
+    } finally {
+      running = false;
+      await chaos;
+      redis.resume();
+    }
+
+    expect(checker.violations).toEqual([]);
+    expect(outcome.refused).toEqual([]);
+    // The outages did bite: steps were given up on and locks were lost.
+    expect(outages).toBeGreaterThanOrEqual(OUTAGES.length);
+    expect(outcome.allowed.LockBackendError).toBeGreaterThan(0);
+    expect(outcome.lost).toBeGreaterThan(0);
+    for (const kind of ['run', 'acquire', 'group', 'read', 'write', 'fair']) expect(outcome.done[kind]).toBeGreaterThan(3);
+    // Leases (600 ms) and places in a queue (fairQueueTimeoutMs, 5 s) end on their own at the latest.
+    await until(async () => (await leftIn([redis])).length === 0, 10_000, 'every lock gone from Redis');
+  }, 180_000);
 });
