@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { AsyncResource } from 'node:async_hooks';
-import { LockBackendError, LockLostError, LockNotAcquiredError, type LockHandle, type LockModuleOptions, type LockService } from '../../lib/index.js';
+import { LockBackendError, LockLostError, LockNotAcquiredError, LockQuorumError, type LockHandle, type LockModuleOptions, type LockService } from '../../lib/index.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { startLockApp, type LockApp } from '../support/lock-testing.js';
@@ -115,8 +115,8 @@ async function workload(
   options: {
     fair: boolean;
     allowed: (new (...args: never[]) => Error)[];
-    /** Workers go on past OPS operations while this says so. */
-    more?: () => boolean;
+    /** Workers go on past OPS operations (up to 10 x OPS) while this says so. */
+    more?: (sofar: Outcome) => boolean;
     /** How often a protected section works for 1.2 s instead of up to 3 ms (twice the lease: the watchdog renews it, unless Redis stops answering). */
     longWork?: number;
   },
@@ -168,7 +168,7 @@ async function workload(
   };
 
   const worker = async (locks: LockService) => {
-    for (let i = 0; i < OPS || options.more?.(); i++) {
+    for (let i = 0; i < OPS || (i < 10 * OPS && options.more?.(outcome)); i++) {
       // Each top-level operation in a fresh async scope: its own owner, as a request would have.
       await new AsyncResource('operation').runInAsyncScope(() =>
         operation(locks).catch((error: unknown) => {
@@ -231,33 +231,37 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('every kind of
 });
 
 /**
- * The same workload on one Redis server that stops answering (SIGSTOP) again and again, for 150 ms
- * to 1.2 s at a time, against 600 ms leases and a 250 ms `stepTimeoutMs`: steps are given up on and
- * run late, renewals come too late, locks are lost. What still holds:
+ * The same workload while Redis stops answering (SIGSTOP) again and again, for 150 ms to 1.2 s at a
+ * time, against 600 ms leases and a 250 ms `stepTimeoutMs`: steps are given up on and run late,
+ * renewals come too late, locks are lost. On one server, and on Redlock over 3 servers, where each
+ * outage freezes one node or, every other time, two (a majority: no quorum until they answer).
+ * What still holds:
  * - no two owners inside one key at once while both still hold their lock (a lost lock is told,
  *   through its signal, not kept apart: a Redis lock cannot keep a paused holder apart);
  * - each hold count is the number of holds its owner has inside on the live lock;
- * - fencing tokens still grow with every fresh grant;
- * - the only errors are the ones an outage explains (a wait that ends, a step given up on, a lost lock);
+ * - fencing tokens still grow with every fresh grant (one server; Redlock issues none);
+ * - the only errors are the ones an outage explains (a wait that ends, a step given up on or
+ *   refused by too few nodes, a lost lock);
  * - once Redis answers again and everything is released, nothing of any lock stays (abandoned
  *   attempts given back, waiters' queues left).
  */
-describe('every kind of lock at once, nested at random, while Redis stops answering again and again', () => {
-  let redis: RedisServer;
+describe.each(['redis', 'redlock'] as const)('every kind of lock at once, nested at random, while Redis stops answering again and again (%s)', (store) => {
+  let servers: RedisServer[] = [];
   const apps: LockApp[] = [];
 
   beforeAll(async () => {
-    redis = await RedisServer.start();
-    for (let i = 0; i < SERVICES; i++) apps.push(await startLockApp({ redis: redis.url, leaseMs: 600, stepTimeoutMs: 250 }));
+    servers = await Promise.all((store === 'redis' ? [0] : [0, 1, 2]).map(() => RedisServer.start()));
+    const options: LockModuleOptions = store === 'redis' ? { redis: servers[0]!.url } : { redlock: { clients: servers.map((s) => s.url) } };
+    for (let i = 0; i < SERVICES; i++) apps.push(await startLockApp({ ...options, leaseMs: 600, stepTimeoutMs: 250 }));
   });
   afterAll(async () => {
-    redis?.resume();
+    for (const server of servers) server.resume();
     for (const app of apps) await app.close();
-    await redis?.stop();
+    await Promise.all(servers.map((s) => s.stop()));
   });
 
   it(`keeps live owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
-    const checker = new Checker(true, true);
+    const checker = new Checker(store === 'redis', true);
     // The outages' own lengths and the gaps between them (not waits for anything): cycled.
     const OUTAGES = [300, 900, 150, 1_200, 500, 800];
     let running = true;
@@ -267,33 +271,37 @@ describe('every kind of lock at once, nested at random, while Redis stops answer
       while (running) {
         await new Promise((resolve) => setTimeout(resolve, 400));
         if (!running) break;
-        redis.pause();
-        await new Promise((resolve) => setTimeout(resolve, OUTAGES[outages++ % OUTAGES.length]));
-        redis.resume();
+        const n = outages++;
+        const frozen = store === 'redis' ? servers : servers.filter((_, i) => i === n % 3 || (n % 2 === 1 && i === (n + 1) % 3));
+        for (const server of frozen) server.pause();
+        await new Promise((resolve) => setTimeout(resolve, OUTAGES[n % OUTAGES.length]));
+        for (const server of frozen) server.resume();
       }
     })();
+    const kinds = ['run', 'acquire', 'group', 'read', 'write', ...(store === 'redis' ? ['fair'] : [])];
     let outcome: Outcome;
     try {
       outcome = await workload(apps, checker, SEED, {
-        fair: true,
-        allowed: [LockNotAcquiredError, LockBackendError, LockLostError],
-        more: () => outages < OUTAGES.length,
+        fair: store === 'redis',
+        allowed: [LockNotAcquiredError, LockBackendError, LockLostError, LockQuorumError],
+        // Until every outage came, and every kind of lock was held 5 times.
+        more: (sofar) => outages < OUTAGES.length || kinds.some((kind) => (sofar.done[kind] ?? 0) < 5),
         longWork: 0.1,
       });
     } finally {
       running = false;
       await chaos;
-      redis.resume();
+      for (const server of servers) server.resume();
     }
 
     expect(checker.violations).toEqual([]);
     expect(outcome.refused).toEqual([]);
-    // The outages did bite: steps were given up on and locks were lost.
+    // The outages did bite: steps were given up on (or refused by too few nodes) and locks were lost.
     expect(outages).toBeGreaterThanOrEqual(OUTAGES.length);
-    expect(outcome.allowed.LockBackendError).toBeGreaterThan(0);
+    expect((outcome.allowed.LockBackendError ?? 0) + (outcome.allowed.LockQuorumError ?? 0)).toBeGreaterThan(0);
     expect(outcome.lost).toBeGreaterThan(0);
-    for (const kind of ['run', 'acquire', 'group', 'read', 'write', 'fair']) expect(outcome.done[kind]).toBeGreaterThan(3);
+    for (const kind of kinds) expect(outcome.done[kind]).toBeGreaterThanOrEqual(5);
     // Leases (600 ms) and places in a queue (fairQueueTimeoutMs, 5 s) end on their own at the latest.
-    await until(async () => (await leftIn([redis])).length === 0, 10_000, 'every lock gone from Redis');
+    await until(async () => (await leftIn(servers)).length === 0, 10_000, 'every lock gone from Redis');
   }, 180_000);
 });
