@@ -243,6 +243,31 @@ describe('stepTimeoutMs', () => {
     expect(events.sort()).toEqual(keys.flatMap((key) => [`acquired ${key}`, `released ${key}`]).sort());
   });
 
+  it('a waiter handed the lock by a release Redis runs late, then retried by its owner, gets a fresh acquisition', async () => {
+    const key = 'bound:retry-handover';
+    const holder = await app.locks.acquire(key);
+    await app.locks.run('bound:retry-outer', async () => {
+      // Asleep on the key, in this process: the release takes it along (hands the lock to it in Redis).
+      const waiting = app.locks.acquire(key, { waitMs: 1_000 }).catch((e: unknown) => e);
+      await until(async () => asleep(app, key) === 1, 5_000, 'the waiter asleep');
+      let retry: Promise<LockHandle>;
+      redis.pause();
+      try {
+        const [release, wait] = await within(Promise.all([holder.release().catch((e: unknown) => e), waiting]), 5_000);
+        expect(release).toBeInstanceOf(LockBackendError);
+        expect(wait).toBeInstanceOf(LockBackendError);
+        retry = app.locks.acquire(key, { waitMs: 10_000 });
+      } finally {
+        redis.resume();
+      }
+      const got = await within(retry, 10_000);
+      expect(got.holdCount).toBe(1);
+      expect(await app.locks.holdCount(key)).toBe(1);
+      await got.release();
+    });
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
   it('a retry whose own bound passes while it waits for an abandoned attempt of its owner is never sent, and nothing stays held', async () => {
     const key = 'bound:retry-unsent';
     // Every acquisition script Redis runs on the key (only those name its fencing counter).
