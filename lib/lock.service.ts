@@ -628,7 +628,16 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     try {
       const started = this.time.now();
       const deadline = started + o.waitMs;
-      let attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
+      let attempt: Awaited<ReturnType<LockService['attempt']>>;
+      try {
+        attempt = await this.attempt(key, context.owner, o, deadline, undefined, started);
+      } catch (error) {
+        // Redis did not answer in time, or too few Redlock nodes did: the attempt may still have
+        // queued this owner where it was refused (a fair waiter's place; a waiting writer, which
+        // keeps new readers out until its place lapses). Leave it, as a wait that ends does.
+        await this.abandon(key, context.owner, o);
+        throw error;
+      }
       if (attempt.result.granted) return this.granted(key, context, o, attempt.result, attempt.start, started);
       if (attempt.result.upgrade) throw new LockUpgradeError(key);
       if (o.waitMs > 0) await this.refuseOwnLock(key, context.owner, o);

@@ -268,6 +268,28 @@ describe('stepTimeoutMs', () => {
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 
+  it.each<[string, { fair?: boolean; mode?: 'write' }, (key: string) => Promise<unknown>]>([
+    // A waiting writer keeps new readers out of the key until its place lapses (fairQueueTimeoutMs, 5 s).
+    ['a writer', { mode: 'write' }, (key) => app.locks.acquire(key, { mode: 'read' })],
+    // A fair waiter's place comes before newcomers: the holder's release would hand it the lock.
+    ['a fair waiter', { fair: true }, (key) => app.locks.acquire(key, { fair: true })],
+  ])('%s whose first attempt Redis answers too late leaves the place that attempt took', async (_what, options, holder) => {
+    const key = `bound:place-${options.fair ? 'fair' : 'write'}`;
+    const held = (await holder(key)) as LockHandle;
+    redis.pause();
+    const failure = await within(app.locks.acquire(key, { ...options, waitMs: 0 }).catch((e: unknown) => e), 5_000).finally(() => redis.resume());
+    expect(failure).toBeInstanceOf(LockBackendError);
+    // Redis ran the attempt (refused: the key is held) and then the leave sent behind it, before
+    // anything sent after them on this connection.
+    if (options.mode === 'write') {
+      const reader = await app.locks.acquire(key, { mode: 'read', waitMs: 0 });
+      await reader.release();
+    }
+    await held.release();
+    const left = (await redis.client().keys(`lock:{${key}}*`)).sort();
+    expect(left).toEqual([`lock:{${key}}:fence`]);
+  });
+
   it('a retry whose own bound passes while it waits for an abandoned attempt of its owner is never sent, and nothing stays held', async () => {
     const key = 'bound:retry-unsent';
     // Every acquisition script Redis runs on the key (only those name its fencing counter).

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
-import { aborted, asleep, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, asleep, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, within, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 import { RELEASE } from '../../lib/store/redis/lock.scripts.js';
@@ -232,6 +232,28 @@ describe('Redlock over 3 independent servers', () => {
     expect(reader).not.toBeNull();
     await reader!.release();
     for (const node of nodes) expect(await node.client().exists(`${name}:writers`)).toBe(0);
+  });
+
+  it('leaves no waiting writer behind when too few nodes answered its attempt: readers are not kept out', async () => {
+    const key = 'rl:writer-no-quorum';
+    // Leases that outlast the outage (the app's 900 ms would end during it).
+    const reader = await elsewhere(() => app.locks.acquire(key, { mode: 'read', leaseMs: 10_000 }));
+    // The first node refuses the writer (a reader holds the lock) and keeps it as waiting; the
+    // other two answer only after the attempt failed.
+    nodes[1]!.pause();
+    nodes[2]!.pause();
+    const failure = await within(elsewhere(() => app.locks.acquire(key, { mode: 'write', waitMs: 0, leaseMs: 10_000 })).catch((e: unknown) => e), 10_000).finally(() => {
+      nodes[1]!.resume();
+      nodes[2]!.resume();
+    });
+    expect(failure).toBeInstanceOf(LockQuorumError);
+    await reader.release();
+    // Sent behind the attempt and its leave on every node: a waiting writer would keep it out of
+    // each node until its place lapsed (fairQueueTimeoutMs).
+    const next = await elsewhere(() => app.locks.tryAcquire(key, { mode: 'read', leaseMs: 10_000 }));
+    expect(next).not.toBeNull();
+    await next!.release();
+    for (const node of nodes) expect(await node.client().exists(`lock:{${key}}:writers`)).toBe(0);
   });
 
   it('bounds each node\'s answer to a step by stepTimeoutMs: with every node frozen, a release and a read give up after it', async () => {
