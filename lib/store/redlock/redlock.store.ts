@@ -2,6 +2,7 @@ import type { AcquireRequest, AcquireResult, HoldsHere, LockMode, LockState, Loc
 import type { RedisLockStore } from '../redis/redis-lock.store.js';
 import { LockQuorumError, type RedlockVote } from '../../errors/lock-quorum.error.js';
 import { now, realTime, withTimeout } from '../../internal/time.js';
+import { heldLockId } from '../../held-lock.js';
 
 /** One Redlock node: an independent master with its own store (scripts, release channel). */
 export interface RedlockNode {
@@ -16,8 +17,6 @@ type Answer<T> = { ok: true; value: T } | { ok: false; error: string };
 const nextTurn = (): Promise<void> => new Promise((resolve) => realTime.setImmediate(resolve));
 
 /** One owner's attempts on one side of one lock. */
-const attemptId = (owner: string, key: string, mode: LockMode): string => `${owner}\u0000${key}\u0000${mode}`;
-
 /**
  * Per-node timeout of one acquisition or renewal: a tenth of the lease, from 50 to 500 ms (a down
  * node must not eat the validity), and at most half the step timeout. So it stays well below the
@@ -118,7 +117,7 @@ export class RedlockStore implements LockStore {
     // Nothing to look up while no node has a failed attempt unanswered, the usual case.
     let inflated: number[] | undefined;
     if (this.unanswered.some((m) => m.size > 0)) {
-      const attempt = attemptId(owner, key, mode);
+      const attempt = heldLockId(owner, key, mode);
       inflated = this.unanswered.map((m) => m.get(attempt) ?? 0);
     }
     const calls = this.nodes.map((n) => n.store.acquire({ ...request, fair: false, holdsHere: nodeHolds }));
@@ -174,7 +173,7 @@ export class RedlockStore implements LockStore {
       calls.map((call, i) => {
         const a = answers[i];
         if (a?.ok) return a.value.granted ? this.nodes[i]!.store.release(key, owner, mode).catch(() => undefined) : undefined;
-        this.unsettled(i, attemptId(owner, key, mode), call);
+        this.unsettled(i, heldLockId(owner, key, mode), call);
         void call.then((late) => (late.granted ? this.nodes[i]!.store.release(key, owner, mode) : undefined)).catch(() => undefined);
         return undefined;
       }),
