@@ -850,17 +850,18 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     giveBack: (late: R) => unknown,
   ): Promise<R> {
     const limit = Math.max(deadline - start, this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
-    const earlier = typeof send === 'function' && this.givenUp.size > 0 ? this.unansweredBefore(owner, keys, mode) : undefined;
     let abandoned = false;
-    const request =
-      typeof send !== 'function'
-        ? send
-        : earlier
-          ? earlier.then(() => {
-              if (abandoned) throw new AttemptTimeout(limit);
-              return send();
-            })
-          : send();
+    let request: Promise<R>;
+    if (typeof send !== 'function') request = send;
+    else {
+      const earlier = this.givenUp.size > 0 ? this.unansweredBefore(owner, keys, mode) : undefined;
+      request = earlier
+        ? earlier.then(() => {
+            if (abandoned) throw new AttemptTimeout(limit);
+            return send();
+          })
+        : send();
+    }
     return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time).catch((error: unknown) => {
       if (error instanceof AttemptTimeout) {
         abandoned = true;
