@@ -365,6 +365,8 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
     await server.stop();
   });
 
+  const KINDS = ['run', 'acquire', 'group', 'read', 'write', 'fair'];
+
   it(`keeps live owners apart, never counts too few holds: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
     const checker = new Checker(true, true, true);
     const taken = new Set<string>();
@@ -386,7 +388,13 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
     })();
     let outcome: Outcome;
     try {
-      outcome = await workload(apps, checker, SEED, { fair: true, allowed: [LockNotAcquiredError, LockBackendError, LockLostError], longWork: 0.05 });
+      outcome = await workload(apps, checker, SEED, {
+        fair: true,
+        allowed: [LockNotAcquiredError, LockBackendError, LockLostError],
+        // Until every kind of lock was held 10 times (drops fail many steps: a run of OPS once held groups only 9 times).
+        more: (sofar) => KINDS.some((kind) => (sofar.done[kind] ?? 0) < 10),
+        longWork: 0.05,
+      });
     } finally {
       running = false;
       await chaos;
@@ -396,7 +404,7 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
     expect(checker.violations).toEqual([]);
     expect(checker.excused(taken)).toEqual([]);
     expect(outcome.refused).toEqual([]);
-    for (const kind of ['run', 'acquire', 'group', 'read', 'write', 'fair']) expect(outcome.done[kind]).toBeGreaterThan(10);
+    for (const kind of KINDS) expect(outcome.done[kind]).toBeGreaterThanOrEqual(10);
     // The drops did bite: connections were cut while steps were in flight, and some ran twice.
     expect(dropped).toBeGreaterThan(100);
     const ranTwice = apps.flatMap((app) => app.logger.entries).filter((e) => e.message.includes('had run twice'));
