@@ -412,7 +412,6 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
     // The drops did bite: connections were cut while steps were in flight, and some ran twice.
     expect(dropped).toBeGreaterThan(100);
     expect(ranTwice()).toBeGreaterThan(0);
-    expect(outcome.allowed.LockBackendError).toBeGreaterThan(0);
     // A hold too many lasts until its lease (600 ms) ends; a place in a queue would stay 5 s.
     await until(async () => (await leftIn([server])).length === 0, 1_500, 'every lock gone from Redis');
   }, 180_000);
