@@ -120,6 +120,8 @@ interface Outcome {
   allowed: Record<string, number>;
   contended: number;
   lost: number;
+  /** `key owner` of every loss told with reason `taken`. */
+  taken: Set<string>;
 }
 
 /**
@@ -142,11 +144,12 @@ async function workload(
   const next = random(seed);
   const pick = <T>(from: readonly T[]): T => from[Math.floor(next() * from.length)]!;
   const kinds = ['run', 'run', 'acquire', 'group', 'read', 'write', ...(options.fair ? ['fair'] : [])] as const;
-  const outcome: Outcome = { done: {}, refused: [], allowed: {}, contended: 0, lost: 0 };
+  const outcome: Outcome = { done: {}, refused: [], allowed: {}, contended: 0, lost: 0, taken: new Set() };
   const subscriptions = apps.map((app) =>
     app.locks.events$.subscribe((e) => {
       if (e.type === 'contended') outcome.contended++;
       if (e.type === 'lost') outcome.lost++;
+      if (e.type === 'lost' && e.reason === 'taken') outcome.taken.add(`${e.key} ${e.owner}`);
     }),
   );
 
@@ -203,6 +206,28 @@ async function workload(
     for (const s of subscriptions) s.unsubscribe();
   }
   return outcome;
+}
+
+/**
+ * Runs `work`, and while it runs, `disturb` again and again with `gapMs` between the times (not a
+ * wait for anything); resolves once both stopped. `disturb` that is under way when `work` ends
+ * finishes first.
+ */
+async function disturbing<T>(work: () => Promise<T>, gapMs: number, disturb: () => Promise<void>): Promise<T> {
+  let running = true;
+  const chaos = (async () => {
+    while (running) {
+      await new Promise((resolve) => setTimeout(resolve, gapMs));
+      if (!running) break;
+      await disturb();
+    }
+  })();
+  try {
+    return await work();
+  } finally {
+    running = false;
+    await chaos;
+  }
 }
 
 /** Every key of the given Redis servers the locks live on but the fencing counters. */
@@ -292,35 +317,32 @@ describe.each(['redis', 'cluster', 'redlock'] as const)('every kind of lock at o
   it(`keeps live owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
     const checker = new Checker(store !== 'redlock', true);
     const nodes = cluster?.servers ?? servers;
-    // The outages' own lengths and the gaps between them (not waits for anything): cycled.
+    // The outages' own lengths (not waits for anything), 400 ms apart: cycled.
     const OUTAGES = [300, 900, 150, 1_200, 500, 800];
-    let running = true;
     let outages = 0;
-    const chaos = (async () => {
-      // On while the workers run; they run until every outage came at least once.
-      while (running) {
-        await new Promise((resolve) => setTimeout(resolve, 400));
-        if (!running) break;
-        const n = outages++;
-        const frozen = store === 'redis' ? nodes : nodes.filter((_, i) => i === n % 3 || (n % 2 === 1 && i === (n + 1) % 3));
-        for (const server of frozen) server.pause();
-        await new Promise((resolve) => setTimeout(resolve, OUTAGES[n % OUTAGES.length]));
-        for (const server of frozen) server.resume();
-      }
-    })();
+    const outage = async () => {
+      const n = outages++;
+      const frozen = store === 'redis' ? nodes : nodes.filter((_, i) => i === n % 3 || (n % 2 === 1 && i === (n + 1) % 3));
+      for (const server of frozen) server.pause();
+      await new Promise((resolve) => setTimeout(resolve, OUTAGES[n % OUTAGES.length]));
+      for (const server of frozen) server.resume();
+    };
     const kinds = ['run', 'acquire', 'group', 'read', 'write', ...(store !== 'redlock' ? ['fair'] : [])];
     let outcome: Outcome;
     try {
-      outcome = await workload(apps, checker, SEED, {
-        fair: store !== 'redlock',
-        allowed: [LockNotAcquiredError, LockBackendError, LockLostError, LockQuorumError],
-        // Until every outage came, and every kind of lock was held 5 times.
-        more: (sofar) => outages < OUTAGES.length || kinds.some((kind) => (sofar.done[kind] ?? 0) < 5),
-        longWork: 0.1,
-      });
+      outcome = await disturbing(
+        () =>
+          workload(apps, checker, SEED, {
+            fair: store !== 'redlock',
+            allowed: [LockNotAcquiredError, LockBackendError, LockLostError, LockQuorumError],
+            // Until every outage came, and every kind of lock was held 5 times.
+            more: (sofar) => outages < OUTAGES.length || kinds.some((kind) => (sofar.done[kind] ?? 0) < 5),
+            longWork: 0.1,
+          }),
+        400,
+        outage,
+      );
     } finally {
-      running = false;
-      await chaos;
       for (const server of nodes) server.resume();
     }
 
@@ -369,44 +391,30 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
 
   it(`keeps live owners apart, never counts too few holds: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
     const checker = new Checker(true, true, true);
-    const taken = new Set<string>();
-    const subscriptions = apps.map((app) =>
-      app.locks.events$.subscribe((e) => {
-        if (e.type === 'lost' && e.reason === 'taken') taken.add(`${e.key} ${e.owner}`);
-      }),
-    );
     /** Steps that ran twice and were corrected, as the store logs them (debug). */
     const ranTwice = () => apps.flatMap((app) => app.logger.entries).filter((e) => e.message.includes('had run twice')).length;
-    let running = true;
     let dropped = 0;
     const killer = server.client();
-    const chaos = (async () => {
-      while (running) {
-        await new Promise((resolve) => setTimeout(resolve, 20)); // the gap between drops (not a wait for anything)
-        if (!running) break;
+    const outcome = await disturbing(
+      () =>
+        workload(apps, checker, SEED, {
+          fair: true,
+          allowed: [LockNotAcquiredError, LockBackendError, LockLostError],
+          // Until every kind of lock was held 10 times (drops fail many steps: a run of OPS once held
+          // groups only 9 times) and some step ran twice and was corrected (0 to 7 times in OPS
+          // operations; none in 2 runs of 11).
+          more: (sofar) => KINDS.some((kind) => (sofar.done[kind] ?? 0) < 10) || ranTwice() === 0,
+          longWork: 0.05,
+        }),
+      20,
+      async () => {
         dropped += Number(await killer.call('CLIENT', 'KILL', 'TYPE', 'normal'));
         dropped += Number(await killer.call('CLIENT', 'KILL', 'TYPE', 'pubsub'));
-      }
-    })();
-    let outcome: Outcome;
-    try {
-      outcome = await workload(apps, checker, SEED, {
-        fair: true,
-        allowed: [LockNotAcquiredError, LockBackendError, LockLostError],
-        // Until every kind of lock was held 10 times (drops fail many steps: a run of OPS once held
-        // groups only 9 times) and some step ran twice and was corrected (0 to 7 times in OPS
-        // operations; none in 2 runs of 11).
-        more: (sofar) => KINDS.some((kind) => (sofar.done[kind] ?? 0) < 10) || ranTwice() === 0,
-        longWork: 0.05,
-      });
-    } finally {
-      running = false;
-      await chaos;
-      for (const s of subscriptions) s.unsubscribe();
-    }
+      },
+    );
 
     expect(checker.violations).toEqual([]);
-    expect(checker.excused(taken)).toEqual([]);
+    expect(checker.excused(outcome.taken)).toEqual([]);
     expect(outcome.refused).toEqual([]);
     for (const kind of KINDS) expect(outcome.done[kind]).toBeGreaterThanOrEqual(10);
     // The drops did bite: connections were cut while steps were in flight, and some ran twice.
