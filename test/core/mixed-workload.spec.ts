@@ -37,23 +37,29 @@ class Checker {
   private readonly lastToken = new Map<string, number>();
   readersTogether = 0;
 
+  private readonly tokens: boolean;
+  private readonly losses: boolean;
+  private readonly drops: boolean;
+
   /**
+   * `tokens`: every grant carries a fencing token, increasing per key (not on Redlock, whose
+   * tokens are 0).
+   *
    * `losses`: locks may be lost (Redis stops answering past their lease). A lost lock is told, not
    * kept apart: its holder's handles (their signal aborted, which reading it checks against the
    * lease deadline) count neither against another owner inside nor in their owner's hold count.
+   *
+   * `drops`: connections are dropped (ioredis sends the steps in flight again, so Redis may run one
+   * twice): a hold count may be one too many where the step's second run could not be corrected,
+   * never too few; and a release of one hold of several run twice frees the lock under the rest,
+   * so an owner entering then is kept for `excused()`, which lets it pass only if the earlier
+   * holder was told it lost the lock (`taken`).
    */
-  constructor(
-    private readonly tokens: boolean,
-    private readonly losses = false,
-    /**
-     * Connections are dropped (ioredis sends the steps in flight again, so Redis may run one
-     * twice): a hold count may be one too many where the step's second run could not be corrected,
-     * never too few; and a release of one hold of several run twice frees the lock under the rest,
-     * so an owner entering then is kept for `excused()`, which lets it pass only if the earlier
-     * holder was told it lost the lock (`taken`).
-     */
-    private readonly drops = false,
-  ) {}
+  constructor({ tokens, losses = false, drops = false }: { tokens: boolean; losses?: boolean; drops?: boolean }) {
+    this.tokens = tokens;
+    this.losses = losses;
+    this.drops = drops;
+  }
 
   /** Owners entered while another owner was still inside (`drops`): key, the other owner, and the violation. */
   private readonly overlaps: { key: string; other: string; violation: string }[] = [];
@@ -263,7 +269,7 @@ describe.each(['redis', 'cluster', 'redlock', 'memory'] as const)('every kind of
   });
 
   it(`keeps owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
-    const checker = new Checker(store !== 'redlock');
+    const checker = new Checker({ tokens: store !== 'redlock' });
     const outcome = await workload(apps, checker, SEED, { fair: store !== 'redlock', allowed: [LockNotAcquiredError] });
 
     expect(checker.violations).toEqual([]);
@@ -315,7 +321,7 @@ describe.each(['redis', 'cluster', 'redlock'] as const)('every kind of lock at o
   });
 
   it(`keeps live owners apart and counts right: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
-    const checker = new Checker(store !== 'redlock', true);
+    const checker = new Checker({ tokens: store !== 'redlock', losses: true });
     const nodes = cluster?.servers ?? servers;
     // The outages' own lengths (not waits for anything), 400 ms apart: cycled.
     const OUTAGES = [300, 900, 150, 1_200, 500, 800];
@@ -390,7 +396,7 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
   const KINDS = ['run', 'acquire', 'group', 'read', 'write', 'fair'];
 
   it(`keeps live owners apart, never counts too few holds: ${SERVICES * WORKERS} workers x ${OPS} operations`, async () => {
-    const checker = new Checker(true, true, true);
+    const checker = new Checker({ tokens: true, losses: true, drops: true });
     /** Steps that ran twice and were corrected, as the store logs them (debug). */
     const ranTwice = () => apps.flatMap((app) => app.logger.entries).filter((e) => e.message.includes('had run twice')).length;
     let dropped = 0;
