@@ -37,8 +37,10 @@ export interface LockStore {
    * the lock inside the release. Such a waiter takes a lock handed to it only once
    * `takeAlong.noticed` resolves: the caller resolves it once it has recorded the release (its
    * `released` event), so the release is always seen before the next holder's acquisition.
-   * `holdsHere`: see AcquireRequest.holdsHere; asked once the reply is in, it counts the holds left
-   * after this release.
+   * `holdsHere`: see AcquireRequest.holdsHere; it counts the holds left after this release. Asked
+   * once the reply is in, and by a store whose backend may run a step twice (Redis) when the
+   * release is sent too: while the caller still holds the lock, such a release never frees it, even
+   * where the backend counts the caller's last hold (it ran an earlier release twice).
    */
   release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number>;
 

@@ -252,22 +252,38 @@ return 0
  * Drop one hold.
  * KEYS[1] lock hash, KEYS[2] fair queue.
  * ARGV[1] owner, ARGV[2] release channel, ARGV[3] publish command (`publish` or `spublish`),
- * ARGV[4] fencing counter lifetime in ms (for a lock it hands to a fair waiter).
+ * ARGV[4] fencing counter lifetime in ms (for a lock it hands to a fair waiter), ARGV[5] `1` when
+ * the caller still holds the lock after this release (it gives back one hold of several; see keepLastHold).
  * Returns the owner's holds left: 0 means the lock was deleted and the release announced;
  * {0, token, wait id, owner} that it was handed to that fair waiter; -1 means the owner held
  * nothing, and nothing was changed.
  */
-export const RELEASE = releaseScript('');
+export const RELEASE = releaseScript('', keepLastHold('ARGV[5]'));
 
-/** The release scripts; `handTo`: Lua run once the owner's last hold is gone, before the lock is announced free. */
-function releaseScript(handTo: string): string {
+/**
+ * A release that gives back one hold of several never frees the lock: when Redis counts the
+ * holder's last hold (the field's holds are 1 here), it is kept and the release returns 1, changing
+ * nothing. Redis counts fewer holds than the caller when a release ran twice (ioredis sends a
+ * command again when its connection closed before the reply came, see RedisLockStore's `resent`),
+ * and freeing the lock then would let another owner in under the caller's other holds.
+ * `flag`: the argument that is `1` when the caller still holds the lock after this release.
+ */
+function keepLastHold(flag: string): string {
+  return `if ${flag} == '1' then return 1 end\n`;
+}
+
+/**
+ * The release scripts; `handTo`: Lua run once the owner's last hold is gone, before the lock is
+ * announced free; `keep`: Lua run when the owner has one hold left, before it is dropped.
+ */
+function releaseScript(handTo: string, keep = ''): string {
   return `
 ${freedKeys}
 local owner = ARGV[1]
 local holds = redis.call('hget', lock, owner)
 if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, owner, -1) end
--- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
+${keep}-- Redis deletes a hash when its last field goes, so an empty lock no longer exists.
 redis.call('hdel', lock, owner, ':handed')
 ${handTo}${freed('ARGV[4]')}
 if handed then return {0, handed[1], handed[2], handed[3]} end
@@ -449,7 +465,8 @@ return {0, redis.call('pttl', lock)}
 
 /**
  * Drop one hold in read-write mode.
- * KEYS[1] lock hash. ARGV[1] hash field (owner for a write hold, owner:read for a read hold), ARGV[2] channel, ARGV[3] publish command.
+ * KEYS[1] lock hash. ARGV[1] hash field (owner for a write hold, owner:read for a read hold), ARGV[2] channel, ARGV[3] publish command,
+ * ARGV[4] `1` when the caller still holds that side after this release (see keepLastHold).
  * Returns the holds of that field left (0: dropped), or -1 when it held nothing.
  * When the last write hold goes and read holds remain (a downgrade), the lock becomes a read lock.
  * Every change that lets others in announces `all`.
@@ -459,7 +476,7 @@ local lock, field = KEYS[1], ARGV[1]
 local holds = redis.call('hget', lock, field)
 if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, field, -1) end
-redis.call('hdel', lock, field)
+${keepLastHold('ARGV[4]')}redis.call('hdel', lock, field)
 local left = redis.call('hlen', lock)
 local mode = redis.call('hget', lock, ':mode')
 if left == 0 or (left == 1 and mode) then
