@@ -425,7 +425,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (this.closing) throw shutDown(keys.join(', '));
         const start = this.time.now();
         const result = await this.bounded(() => acquireMany(keys, context.owner, o.leaseMs, this.countHolds), context.owner, keys, 'exclusive', start, deadline, (late) =>
-          late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner, 'exclusive', undefined, this.countHolds))) : undefined,
+          late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner, 'exclusive', undefined, this.countHolds, this.holdsHere(context.owner, key, 'exclusive')))) : undefined,
         );
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
         if (result.granted) {
@@ -695,7 +695,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           if (handover) {
             // Bounded as an attempt is: a grant that comes after the wait ended is given back.
             const handed = await this.bounded(handover, context.owner, key, o.mode, this.time.now(), deadline, (late) =>
-              late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode, undefined, this.countHolds) : undefined,
+              late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode, undefined, this.countHolds, this.holdsHere(context.owner, key, o.mode)) : undefined,
             );
             const handle = await this.takenOver(key, context, o, handed, started);
             if (handle) {
@@ -800,7 +800,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.countHolds },
     );
     const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
-      late.granted ? this.store.release(key, owner, o.mode, undefined, this.countHolds) : undefined,
+      late.granted ? this.store.release(key, owner, o.mode, undefined, this.countHolds, this.holdsHere(owner, key, o.mode)) : undefined,
     );
     if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
@@ -826,7 +826,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode, undefined, this.countHolds)).catch(() => undefined)),
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode, undefined, this.countHolds, this.holdsHere(owner, g.key, o.mode))).catch(() => undefined)),
     );
     return true;
   }
@@ -961,7 +961,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]));
           left = kept ? 0 : -1;
         } else {
-          left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds));
+          left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds, lock.holds > 0));
         }
       } catch (error) {
         const failure = new LockBackendError('release', lock.key, error);
@@ -970,7 +970,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       }
       // Redis no longer listed us (left < 0): the lock had been lost before we noticed. Or this
       // release freed it while this process still counts holds of an owner it made, which no other
-      // process uses: the Redis stores keep such a lock (see LockStore.release's holdsHere) and the
+      // process uses: the Redis stores keep such a lock (see LockStore.release's stillHeld) and the
       // memory store never counts fewer holds than this process, so this is a safeguard; the other
       // handles must know at once.
       if (left < 0 || (left === 0 && lock.holds > 0 && this.madeHere(lock.owner))) {

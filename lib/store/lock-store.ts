@@ -37,12 +37,13 @@ export interface LockStore {
    * the lock inside the release. Such a waiter takes a lock handed to it only once
    * `takeAlong.noticed` resolves: the caller resolves it once it has recorded the release (its
    * `released` event), so the release is always seen before the next holder's acquisition.
-   * `holdsHere`: see AcquireRequest.holdsHere; it counts the holds left after this release. Asked
-   * once the reply is in, and by a store whose backend may run a step twice (Redis) when the
-   * release is sent too: while the caller still holds the lock, such a release never frees it, even
-   * where the backend counts the caller's last hold (it ran an earlier release twice).
+   * `holdsHere`: see AcquireRequest.holdsHere; asked once the reply is in, it counts the holds left
+   * after this release.
+   * `stillHeld`: the caller still holds the lock after this release (it gives back one hold of
+   * several). Such a release never frees the lock, even where the backend counts the owner's last
+   * hold: a backend that may run a step twice (Redis) can count fewer holds than the caller.
    */
-  release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number>;
+  release(key: string, owner: string, mode?: LockMode, takeAlong?: TakeAlong, holdsHere?: HoldsHere, stillHeld?: boolean): Promise<number>;
 
   /** Drops every hold of `owner` in `mode` on `key` at once (after a loss, at shutdown). True when something was dropped. */
   releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean>;

@@ -57,6 +57,21 @@ describe('owners and reentrancy', () => {
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 
+  it('never frees a lock of an explicit owner at the release of one of its holds here, even when Redis counts the last hold', async () => {
+    // An owner token other processes may share: this process cannot count all its holds, but it
+    // knows it still holds the lock, so the release keeps it.
+    const key = 'reentrant:short:owner';
+    const outer = await app.locks.acquire(key, { owner: 'job-7' });
+    const inner = await app.locks.acquire(key, { owner: 'job-7' });
+    expect(inner.holdCount).toBe(2);
+    await redis.shared().hincrby(`lock:{${key}}`, 'job-7', -1);
+    await inner.release();
+    expect(await redis.shared().hgetall(`lock:{${key}}`)).toEqual({ 'job-7': '1' });
+    expect(outer.signal.aborted).toBe(false);
+    await outer.release();
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
   it.each(['read', 'write'] as const)('never frees a %s lock at the release of one hold of several, even when Redis counts the last hold', async (mode) => {
     const key = `reentrant:short:${mode}`;
     const field = (owner: string) => (mode === 'read' ? `${owner}:read` : owner);

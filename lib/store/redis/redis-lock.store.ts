@@ -432,13 +432,11 @@ export class RedisLockStore implements LockStore {
     return { granted: true, grants };
   }
 
-  async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
+  async release(key: string, owner: string, mode: LockMode = 'exclusive', takeAlong?: TakeAlong, holdsHere?: HoldsHere, stillHeld = false): Promise<number> {
     const name = this.lockName(key);
     const sentAt = this.closes;
     const field = holderField(owner, mode);
     const step = stepKey(name, field);
-    // One hold of several: the script keeps the last hold Redis counts rather than free the lock.
-    const keep = (holdsHere?.(owner, key, mode) ?? 0) > 0;
     this.stepSent(step);
     let left: number;
     try {
@@ -461,7 +459,7 @@ export class RedisLockStore implements LockStore {
           // Not there to take it (never so far: nothing runs between the two calls): give it back.
           if (!along.wake(handover)) void handover.then((h) => h && this.releaseAll(key, along.owner)).catch(() => undefined);
         } else {
-          sent = scripts.release.run(this.client, this.freeingKeys(name), keep ? [owner, name, this.publish, this.fenceTtlMs, 1] : [owner, name, this.publish, this.fenceTtlMs], along !== undefined);
+          sent = scripts.release.run(this.client, this.freeingKeys(name), stillHeld ? [owner, name, this.publish, this.fenceTtlMs, 1] : [owner, name, this.publish, this.fenceTtlMs], along !== undefined);
           along?.wake();
         }
         const reply = await sent;
@@ -472,7 +470,7 @@ export class RedisLockStore implements LockStore {
           left = 0;
         } else left = Number(reply);
       } else {
-        left = Number(await scripts.releaseRw.run(this.client, [name], [field, name, this.publish, keep ? 1 : 0]));
+        left = Number(await scripts.releaseRw.run(this.client, [name], [field, name, this.publish, stillHeld ? 1 : 0]));
       }
     } finally {
       this.stepAnswered(step);

@@ -210,8 +210,8 @@ export class RedlockStore implements LockStore {
     void call.then(answered, answered);
   }
 
-  async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere): Promise<number> {
-    const answers = await this.everyNode((s) => s.release(key, owner, mode, undefined, holdsHere), this.stepTimeoutMs, 'release', key);
+  async release(key: string, owner: string, mode?: LockMode, _takeAlong?: TakeAlong, holdsHere?: HoldsHere, stillHeld?: boolean): Promise<number> {
+    const answers = await this.everyNode((s) => s.release(key, owner, mode, undefined, holdsHere, stillHeld), this.stepTimeoutMs, 'release', key);
     return Math.max(-1, ...answers.flatMap((a) => (a?.ok ? [a.value] : [])));
   }
 
