@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Cluster, type Redis } from 'ioredis';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
-import { FORCE_UNLOCK, HOLDERS } from '../../lib/store/redis/lock.scripts.js';
+import { ADJUST_HOLDS, FORCE_UNLOCK, HOLDERS } from '../../lib/store/redis/lock.scripts.js';
 import { RedisScript } from '../../lib/store/redis/redis-script.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { commandCalls, RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
@@ -229,6 +229,40 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('gives back one hold of a re-entry that ran twice only once, when the give-back itself runs twice', async () => {
+    // The re-entry runs twice (2 holds to 3), and its reply tells this process, which gives one
+    // back. That give-back's reply is lost to a second dropped connection, so ioredis sends it again:
+    // its second run finds the holds already given back and leaves them (2), where adding -1 again
+    // would leave Redis a hold fewer than this process counts.
+    const key = 'reenter:give-back-twice';
+    await app.locks.run(key, async (outer) => {
+      const before = await scriptCalls(raw);
+      link.hold('from-target');
+      const inner = app.locks.acquire(key);
+      inner.catch(() => undefined);
+      try {
+        await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first run of the re-entry');
+      } finally {
+        link.cut();
+      }
+      // The re-entry again (3 holds), then the give-back (2), whose reply is dropped.
+      link.holdRepliesFrom(shaOf(ADJUST_HOLDS));
+      try {
+        await until(async () => (await scriptCalls(raw)) - before >= 3 && (await holds(key))[outer.owner] === '2', 10_000, 'the give-back run once');
+      } finally {
+        link.cut();
+      }
+      const handle = await inner;
+      // Sent again, so run twice in all.
+      await until(async () => (await scriptCalls(raw)) - before >= 4, 10_000, 'the give-back run twice');
+      expect(handle.holdCount).toBe(2);
+      expect(await holds(key)).toEqual({ [outer.owner]: '2' });
+      await handle.release();
+      expect(await holds(key)).toEqual({ [outer.owner]: '1' });
+    });
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
   it('never gives back a hold of re-entries in flight together: the lock keeps one too many until its lease ends', async () => {
     // Two re-entries in flight across the close: the first ran before it, the second was lost on
     // the way (the proxy passed nothing more), so ioredis sends both again and Redis runs the first
@@ -368,6 +402,40 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
           () => third.release(),
           async () => (await holds(key))[outer.owner] === '2',
         );
+        expect(await holds(key)).toEqual({ [outer.owner]: '2' });
+        expect(outer.signal.aborted).toBe(false);
+      }),
+    );
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
+  it('takes back one hold of a release that ran twice only once, when the take-back itself runs twice', async () => {
+    // The release of one hold of three runs twice (3 to 1), and this process takes one back (2).
+    // That take-back's reply is lost to a second dropped connection: its second run finds the hold
+    // already taken back and leaves it, where adding 1 again would leave a hold too many.
+    const key = 'release:take-back-twice';
+    await app.locks.run(key, (outer) =>
+      app.locks.run(key, async () => {
+        const third = await app.locks.acquire(key);
+        expect(third.holdCount).toBe(3);
+        const before = await scriptCalls(raw);
+        link.hold('from-target');
+        const releasing = third.release();
+        releasing.catch(() => undefined);
+        try {
+          await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first run of the release');
+        } finally {
+          link.cut();
+        }
+        // The release again (1 hold), then the take-back (2), whose reply is dropped.
+        link.holdRepliesFrom(shaOf(ADJUST_HOLDS));
+        try {
+          await until(async () => (await scriptCalls(raw)) - before >= 3 && (await holds(key))[outer.owner] === '2', 10_000, 'the take-back run once');
+        } finally {
+          link.cut();
+        }
+        await releasing;
+        await until(async () => (await scriptCalls(raw)) - before >= 4, 10_000, 'the take-back run twice');
         expect(await holds(key)).toEqual({ [outer.owner]: '2' });
         expect(outer.signal.aborted).toBe(false);
       }),

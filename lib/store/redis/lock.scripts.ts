@@ -327,13 +327,21 @@ return 1
 /**
  * Undo what a lock step did twice: ioredis sends a command again when its connection closed before
  * the reply came, so Redis may have run it once before the run whose reply the caller reads (see
- * RedisLockStore's \`resent\`). Adds ARGV[2] (1 or -1) to the holds of field ARGV[1], only while that
- * field keeps at least one hold: it never frees a lock, and never touches a lock the field does not hold.
- * KEYS[1] lock hash. Returns the holds after, or -1 when nothing was changed.
+ * RedisLockStore's \`resent\`). Adds ARGV[2] (1 or -1) to the holds of field ARGV[1] when they are
+ * ARGV[3] (what the step's reply said), only while that field keeps at least one hold: it never
+ * frees a lock, and never touches a lock the field does not hold. Holds already at ARGV[3] + ARGV[2]
+ * are left as they are: this script ran before (it too is sent again after a dropped connection),
+ * and a second run must not add the difference twice. Holds at neither (another step of the field
+ * ran since the reply) are left as they are too.
+ * KEYS[1] lock hash. Returns the holds after; -1 when the field holds nothing, -2 when the holds
+ * were at neither, and nothing was changed.
  */
 export const ADJUST_HOLDS = `
 local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0')
-if holds < 1 or holds + tonumber(ARGV[2]) < 1 then return -1 end
+if holds < 1 then return -1 end
+local want = tonumber(ARGV[3]) + tonumber(ARGV[2])
+if holds == want then return holds end
+if holds ~= tonumber(ARGV[3]) or want < 1 then return -2 end
 return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
 `;
 

@@ -525,7 +525,7 @@ export class RedisLockStore implements LockStore {
    */
   private async countedTwice(name: string, field: string, holdCount: number, before: number | undefined): Promise<number> {
     if (before === undefined || holdCount <= before + 1) return holdCount;
-    const after = Number(await scripts.adjustHolds.run(this.client, [name], [field, -1]));
+    const after = Number(await scripts.adjustHolds.run(this.client, [name], [field, -1, holdCount]));
     this.log.debug(`"${name}": an acquisition sent again after the connection closed had run twice; one hold given back`);
     return after < 0 ? holdCount : holdCount - 1;
   }
@@ -534,16 +534,17 @@ export class RedisLockStore implements LockStore {
    * A release whose reply may come from a second run (see `resent`) reports `left`; the caller
    * expects `after` (undefined: it cannot know). A release that had already dropped the owner's last hold finds nothing (-1):
    * released. One that dropped two holds gets one back, unless the second run freed the lock: then
-   * another owner may have taken it since, and the lock counts as lost (-1).
+   * another owner may have taken it since, and the lock counts as lost (-1); a caller that still
+   * holds the lock passes `stillHeld` to `release`, so its release keeps the last hold instead.
    */
   private async droppedTwice(name: string, field: string, left: number, after: number | undefined): Promise<number> {
     if (after === undefined) return left;
     if (left < 0) return after === 0 ? 0 : -1;
     if (left >= after) return left;
     if (left === 0) return -1;
-    const restored = Number(await scripts.adjustHolds.run(this.client, [name], [field, 1]));
+    const restored = Number(await scripts.adjustHolds.run(this.client, [name], [field, 1, left]));
     this.log.debug(`"${name}": a release sent again after the connection closed had run twice; one hold taken back`);
-    return restored < 0 ? -1 : left + 1;
+    return restored === -1 ? -1 : restored === -2 ? left : left + 1;
   }
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
