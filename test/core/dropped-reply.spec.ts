@@ -106,6 +106,34 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
 
   const holds = (key: string) => raw.hgetall(`lock:{${key}}`);
 
+  /**
+   * Runs `step` twice through a dropped connection (`ran` sees its first run), then drops the reply
+   * to the correction this process sends for it (ADJUST_HOLDS) with a second cut, once `corrected`
+   * sees it run, so that ioredis sends the correction again too. Resolves to what the step resolved
+   * to, once the correction ran twice.
+   */
+  async function correctionRunTwice<T>(step: () => Promise<T>, ran: () => Promise<boolean>, corrected: () => Promise<boolean>): Promise<T> {
+    const before = await scriptCalls(raw);
+    link.hold('from-target');
+    const result = step();
+    result.catch(() => undefined);
+    try {
+      await until(ran, 10_000, 'the first run of the step');
+    } finally {
+      link.cut();
+    }
+    // The step again, then the correction, whose reply is dropped.
+    link.holdRepliesFrom(shaOf(ADJUST_HOLDS));
+    try {
+      await until(async () => (await scriptCalls(raw)) - before >= 3 && (await corrected()), 10_000, 'the correction run once');
+    } finally {
+      link.cut();
+    }
+    const value = await result;
+    await until(async () => (await scriptCalls(raw)) - before >= 4, 10_000, 'the correction run twice');
+    return value;
+  }
+
   it.each(LOCK_KINDS)('counts one hold for %s, and its release leaves nothing behind', async (_, name, options, field) => {
     const key = `acquire:${name}`;
     const handle = await replyLost(
@@ -236,25 +264,9 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     // would leave Redis a hold fewer than this process counts.
     const key = 'reenter:give-back-twice';
     await app.locks.run(key, async (outer) => {
-      const before = await scriptCalls(raw);
-      link.hold('from-target');
-      const inner = app.locks.acquire(key);
-      inner.catch(() => undefined);
-      try {
-        await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first run of the re-entry');
-      } finally {
-        link.cut();
-      }
-      // The re-entry again (3 holds), then the give-back (2), whose reply is dropped.
-      link.holdRepliesFrom(shaOf(ADJUST_HOLDS));
-      try {
-        await until(async () => (await scriptCalls(raw)) - before >= 3 && (await holds(key))[outer.owner] === '2', 10_000, 'the give-back run once');
-      } finally {
-        link.cut();
-      }
-      const handle = await inner;
-      // Sent again, so run twice in all.
-      await until(async () => (await scriptCalls(raw)) - before >= 4, 10_000, 'the give-back run twice');
+      const twoHolds = async () => (await holds(key))[outer.owner] === '2';
+      // The re-entry runs twice (3 holds), then the give-back (2).
+      const handle = await correctionRunTwice(() => app.locks.acquire(key), twoHolds, twoHolds);
       expect(handle.holdCount).toBe(2);
       expect(await holds(key)).toEqual({ [outer.owner]: '2' });
       await handle.release();
@@ -418,24 +430,9 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
       app.locks.run(key, async () => {
         const third = await app.locks.acquire(key);
         expect(third.holdCount).toBe(3);
-        const before = await scriptCalls(raw);
-        link.hold('from-target');
-        const releasing = third.release();
-        releasing.catch(() => undefined);
-        try {
-          await until(async () => (await holds(key))[outer.owner] === '2', 10_000, 'the first run of the release');
-        } finally {
-          link.cut();
-        }
-        // The release again (1 hold), then the take-back (2), whose reply is dropped.
-        link.holdRepliesFrom(shaOf(ADJUST_HOLDS));
-        try {
-          await until(async () => (await scriptCalls(raw)) - before >= 3 && (await holds(key))[outer.owner] === '2', 10_000, 'the take-back run once');
-        } finally {
-          link.cut();
-        }
-        await releasing;
-        await until(async () => (await scriptCalls(raw)) - before >= 4, 10_000, 'the take-back run twice');
+        const twoHolds = async () => (await holds(key))[outer.owner] === '2';
+        // The release runs twice (1 hold), then the take-back (2).
+        await correctionRunTwice(() => third.release(), twoHolds, twoHolds);
         expect(await holds(key)).toEqual({ [outer.owner]: '2' });
         expect(outer.signal.aborted).toBe(false);
       }),
