@@ -425,7 +425,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (this.closing) throw shutDown(keys.join(', '));
         const start = this.time.now();
         const result = await this.bounded(() => acquireMany(keys, context.owner, o.leaseMs, this.countHolds), context.owner, keys, 'exclusive', start, deadline, (late) =>
-          late.granted ? Promise.all(keys.map((key) => this.store.release(key, context.owner, 'exclusive', undefined, this.countHolds, this.holdsHere(context.owner, key, 'exclusive')))) : undefined,
+          late.granted ? Promise.all(keys.map((key) => this.giveBackHold(key, context.owner, 'exclusive'))) : undefined,
         );
         if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, context.owner, keys.map((key, i) => ({ key, holdCount: result.grants[i]!.holdCount }))))) continue;
         if (result.granted) {
@@ -695,7 +695,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           if (handover) {
             // Bounded as an attempt is: a grant that comes after the wait ended is given back.
             const handed = await this.bounded(handover, context.owner, key, o.mode, this.time.now(), deadline, (late) =>
-              late && late !== 'unknown' ? this.store.release(key, context.owner, o.mode, undefined, this.countHolds, this.holdsHere(context.owner, key, o.mode)) : undefined,
+              late && late !== 'unknown' ? this.giveBackHold(key, context.owner, o.mode) : undefined,
             );
             const handle = await this.takenOver(key, context, o, handed, started);
             if (handle) {
@@ -800,7 +800,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.countHolds },
     );
     const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
-      late.granted ? this.store.release(key, owner, o.mode, undefined, this.countHolds, this.holdsHere(owner, key, o.mode)) : undefined,
+      late.granted ? this.giveBackHold(key, owner, o.mode) : undefined,
     );
     if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
@@ -826,7 +826,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.store.release(g.key, owner, o.mode, undefined, this.countHolds, this.holdsHere(owner, g.key, o.mode))).catch(() => undefined)),
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
     );
     return true;
   }
@@ -1044,6 +1044,15 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     } catch {
       return [];
     }
+  }
+
+  /**
+   * Gives back one hold of a grant this process did not count (a late grant, or one whose lease ran
+   * out): the release may free the lock only when this process holds nothing of it, and is
+   * corrected, if it ran twice, against the holds this process counts.
+   */
+  private giveBackHold(key: string, owner: string, mode: LockMode): Promise<number> {
+    return this.store.release(key, owner, mode, undefined, this.countHolds, this.holdsHere(owner, key, mode));
   }
 
   /** Whether this service holds `key` in `mode` for `owner` (fair mode tells Redis, to tell a handover from a re-entry). */
