@@ -692,6 +692,12 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
 
   const everywhere = async (key: string) => Promise.all(links.map(({ raw }) => raw.hgetall(`lock:{${key}}`)));
 
+  /** Waits until every node has `owner` alone on `key`, with `holds` holds (`what` names it when it does not happen). */
+  async function heldOnEveryNode(key: string, owner: string, holds: number, what: string): Promise<void> {
+    const expected = JSON.stringify(links.map(() => ({ [owner]: String(holds) })));
+    await until(async () => JSON.stringify(await everywhere(key)) === expected, 10_000, what);
+  }
+
   /**
    * A test before cut every link: each connection must be back before replies are held, or a step
    * queued behind its reconnection's handshake never runs (a clean-clone CI run saw it: 0
@@ -712,8 +718,7 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     );
     expect(handle.holdCount).toBe(1);
     // A node that answered after the quorum corrects its count after that too.
-    const once = JSON.stringify([0, 1, 2].map(() => ({ [handle.owner]: '1' })));
-    await until(async () => JSON.stringify(await everywhere(key)) === once, 10_000, 'one hold on every node');
+    await heldOnEveryNode(key, handle.owner, 1, 'one hold on every node');
     const seen: string[] = [];
     const subscription = app.locks.events$.subscribe((e) => e.key === key && seen.push(e.type));
     await stepWithReplyLost(
@@ -744,8 +749,7 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     expect(handle.holdCount).toBe(1);
     links[2]!.link.cut();
     await until(async () => (await scriptCalls(links[2]!.raw)) - before >= 2, 10_000, 'the step run twice on the third node');
-    const once = JSON.stringify([0, 1, 2].map(() => ({ [handle.owner]: '1' })));
-    await until(async () => JSON.stringify(await everywhere(key)) === once, 10_000, 'one hold on every node');
+    await heldOnEveryNode(key, handle.owner, 1, 'one hold on every node');
     await handle.release();
     // The release returns once two nodes answered: the third may run it a moment later.
     await until(async () => JSON.stringify(await everywhere(key)) === '[{},{},{}]', 10_000, 'nothing left on any node');
@@ -761,8 +765,7 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     // again after the cut below, and the runs it counts would not all be the release's (a
     // clean-clone CI run read that node's hold count between the acquisition's second run and the
     // release's).
-    const twice = JSON.stringify([0, 1, 2].map(() => ({ [outer.owner]: '2' })));
-    await until(async () => JSON.stringify(await everywhere(key)) === twice, 10_000, 'two holds on every node');
+    await heldOnEveryNode(key, outer.owner, 2, 'two holds on every node');
     await stepWithReplyLost(
       links,
       () => inner.release(),
