@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { cpSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { cpSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { RedisServer } from '../support/redis-server.js';
@@ -13,7 +13,8 @@ import { RedisServer } from '../support/redis-server.js';
  * Nest 12 is ESM-only, so that app and the package's CommonJS build load it with require(esm)).
  * Each app's tests run three times: on this Node, on the newest Node pinned in scripts/node-floor.mjs
  * (26.12.1), and on the oldest Node the package's `engines` accepts (20.19.0), both fetched from the
- * npm registry by scripts/node-floor.mjs. Needs the npm registry.
+ * npm registry by scripts/node-floor.mjs. Each app is also type-checked with every TypeScript major
+ * in TYPESCRIPTS, whichever one it pins itself. Needs the npm registry.
  */
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const work = join(root, '.tmp', 'packaging');
@@ -46,6 +47,15 @@ function installFresh(dir: string): { ok: boolean; output: string } {
   return run(dir, 'npm', [...args, `--before=${RESOLVABLE_REGISTRY_DATE}`]);
 }
 
+/**
+ * The TypeScripts whose type check of each app must pass, installed side by side under npm aliases:
+ * 5.9 (what Nest 11 apps were made with), 6 (what `nest new` scaffolds on Nest 12: @nestjs/schematics
+ * 12.0.6 asks for ^6.0.2, which the Nest 12 apps pin) and 7. The Nest 11 app's tsconfig names no
+ * `moduleResolution`, so it resolves the package as CommonJS apps get by default: node10 on 5.9,
+ * bundler on 6 and 7 (6 deprecates node10, 7 refuses it).
+ */
+const TYPESCRIPTS: Record<string, string> = { 'typescript-5': 'npm:typescript@~5.9.3', 'typescript-6': 'npm:typescript@^6.0.2', 'typescript-7': 'npm:typescript@^7.0.2' };
+
 /** How each app's own test runner says that its one test passed. */
 const passedOne: Record<string, RegExp[]> = {
   'nest11-cjs': [/Tests:\s+1 passed, 1 total/],
@@ -59,6 +69,8 @@ describe('the packed package in fresh apps', () => {
   let files: string[] = [];
   let floor: { version: string; bin: string };
   let newest: { version: string; bin: string };
+  /** `tsc` of each of TYPESCRIPTS, by its version. */
+  let typescripts: { version: string; tsc: string }[] = [];
   beforeAll(async () => {
     floor = JSON.parse(execFileSync(process.execPath, [join(root, 'scripts', 'node-floor.mjs')], { cwd: root, encoding: 'utf8' })) as typeof floor;
     newest = JSON.parse(execFileSync(process.execPath, [join(root, 'scripts', 'node-floor.mjs'), 'newest'], { cwd: root, encoding: 'utf8' })) as typeof newest;
@@ -71,6 +83,15 @@ describe('the packed package in fresh apps', () => {
     }[];
     files = packed[0]!.files.map((f) => f.path);
     cpSync(join(work, packed[0]!.filename), join(work, 'nestjs-locked.tgz'));
+    const tsDir = join(work, 'typescript');
+    mkdirSync(tsDir);
+    writeFileSync(join(tsDir, 'package.json'), JSON.stringify({ name: 'typescripts', private: true, dependencies: TYPESCRIPTS }));
+    const tsInstall = installFresh(tsDir);
+    if (!tsInstall.ok) throw new Error(`installing ${Object.values(TYPESCRIPTS).join(', ')} failed:\n${tsInstall.output}`);
+    typescripts = Object.keys(TYPESCRIPTS).map((alias) => ({
+      version: (JSON.parse(readFileSync(join(tsDir, 'node_modules', alias, 'package.json'), 'utf8')) as { version: string }).version,
+      tsc: join(tsDir, 'node_modules', alias, 'bin', 'tsc'),
+    }));
     redis = await RedisServer.start();
   });
   afterAll(async () => {
@@ -87,13 +108,19 @@ describe('the packed package in fresh apps', () => {
   });
 
   for (const app of Object.keys(passedOne)) {
-    it(`installs into a fresh ${app} app, whose types resolve and whose own tests pass on this Node, on the newest Node and on the oldest Node the package accepts`, () => {
+    it(`installs into a fresh ${app} app, whose types resolve on TypeScript 5.9, 6 and 7 and whose own tests pass on this Node, on the newest Node and on the oldest Node the package accepts`, () => {
       const dir = join(work, app);
       cpSync(join(root, 'test', 'packaging', 'apps', app), dir, { recursive: true });
       const install = installFresh(dir);
       expect({ step: 'npm install', ok: install.ok, output: install.ok ? '' : install.output }).toEqual({ step: 'npm install', ok: true, output: '' });
       const typecheck = run(dir, 'npm', ['run', 'typecheck']);
       expect({ step: 'tsc --noEmit', ok: typecheck.ok, output: typecheck.ok ? '' : typecheck.output }).toEqual({ step: 'tsc --noEmit', ok: true, output: '' });
+      expect(typescripts.map(({ version }) => version.split('.')[0])).toEqual(['5', '6', '7']);
+      for (const { version, tsc } of typescripts) {
+        const step = `tsc --noEmit with TypeScript ${version}`;
+        const check = run(dir, process.execPath, [tsc, '--noEmit', '-p', 'tsconfig.json']);
+        expect({ step, ok: check.ok, output: check.ok ? '' : check.output }).toEqual({ step, ok: true, output: '' });
+      }
       const nodes = [
         { step: `app tests on Node ${process.versions.node}`, version: process.version, env: {} },
         { step: `app tests on Node ${newest.version}`, version: `v${newest.version}`, env: { [pathKey]: `${newest.bin}${delimiter}${process.env[pathKey] ?? ''}` } },
