@@ -14,9 +14,9 @@
  * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
  * The scripts publish with `redis.pcall`: a publish Redis refuses (an ACL user without these
- * channels: Redis 7 gives a user created with ACL SETUSER none unless granted) only leaves waiters
- * to retry, and never fails the release it follows, whose writes Redis has already made (a Lua error
- * does not undo them). `PUBLISH_CHECK` tells the store at bootstrap, which warns.
+ * channels: Redis 7 and later, and Valkey, give a user created with ACL SETUSER none unless
+ * granted) only leaves waiters to retry, and never fails the release it follows, whose writes Redis
+ * has already made (a Lua error does not undo them). `PUBLISH_CHECK` tells the store at bootstrap, which warns.
  *
  * Every name of one lock starts with the same `{K}` hash tag, so on Redis Cluster they share a slot
  * (keys never contain braces; see `assertLockKey`). The channel name is passed to the scripts as an

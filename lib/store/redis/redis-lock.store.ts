@@ -289,7 +289,7 @@ export class RedisLockStore implements LockStore {
       }
       this.log.warn(
         `${this.description} refused a publish on a lock channel (${text.split('\n')[0]}). Locks still work, but a release cannot wake waiters: those of other processes retry only when the holder's lease (as they last saw it) runs out. ` +
-          `Allow this connection's Redis user the lock channels, for example ACL SETUSER <user> &${this.prefix}* (Redis 7 gives users created with ACL SETUSER no channels unless acl-pubsub-default is allchannels).`,
+          `Allow this connection's Redis user the lock channels, for example ACL SETUSER <user> &${this.prefix}* (Redis 7 and later, and Valkey, give users created with ACL SETUSER no channels unless acl-pubsub-default is allchannels).`,
       );
     }
   }
