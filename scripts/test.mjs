@@ -2,23 +2,25 @@
 //   1. stop at once if redis-server is missing (every lock test runs against a real Redis);
 //   2. install the floor releases into compat/nest12 and compat/nest11 when missing or stale;
 //   3. type-check lib, tests, sample and bench; build the dual ESM/CJS package;
-//   4. run the Jest suite six times: on the newest Nest 12 + ioredis 6 (root node_modules), on this
+//   4. run the Jest suite eight times: on the newest Nest 12 + ioredis 6 (root node_modules), on this
 //      Node, on the newest Node pinned in scripts/node-floor.mjs (NEWEST_NODE) and on the newest
-//      Node 22 and 24 pinned there (LTS_NODES); on the
+//      Node 22 and 24 pinned there (LTS_NODES); on Redis 8.0 and on Valkey 8.1 instead of the
+//      machine's redis-server (scripts/redis-servers.mjs, from Debian's archive); on the
 //      oldest Nest 12 with ioredis 6.0.0 (compat/nest12); on Nest 11.0.0 with ioredis 5.9.0
 //      (compat/nest11). Both floor runs use rxjs 7.2.0 and reflect-metadata 0.1.13, and the oldest
 //      Node the package's `engines` accepts (20.19.0). The fetched Nodes come from the npm registry
 //      (scripts/node-floor.mjs);
 //   5. end with a plain line "N passed, N failed" (tests of every run plus the checks above).
-// Options: --only=12, --only=12-newest-node, --only=12-node22, --only=12-node24, --only=12-floor or
-// --only=11 runs one of the six;
+// Options: --only=12, --only=12-newest-node, --only=12-node22, --only=12-node24, --only=12-redis8,
+// --only=12-valkey8, --only=12-floor or --only=11 runs one of the eight;
 // arguments after -- go to Jest.
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { floorNode, LTS_NODES, ltsNode, newestNode } from './node-floor.mjs';
+import { OTHER_SERVERS, otherServer } from './redis-servers.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tmp = join(root, '.tmp');
@@ -76,8 +78,9 @@ if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status !== 0) 
   finish();
 }
 
-// The six Jest runs: which major, which compat/ directory (none: the root's newest), which Node
-// (`node`: which fetched one, and what it is; none: this Node). The runs on a compat/ directory are
+// The eight Jest runs: which major, which compat/ directory (none: the root's newest), which Node
+// (`node`: which fetched one, and what it is; none: this Node), which server (`server`: another
+// than the machine's redis-server, see scripts/redis-servers.mjs). The runs on a compat/ directory are
 // the floor runs, and run on Node's floor.
 const floor = { pick: floorNode, what: 'oldest accepted' };
 const runs = [
@@ -87,6 +90,7 @@ const runs = [
     const line = version.split('.')[0];
     return { name: `12-node${line}`, label: `Nest 12, Node ${line}`, major: '12', compat: '', node: { pick: () => ltsNode(version), what: version } };
   }),
+  ...OTHER_SERVERS.map((server) => ({ name: `12-${server.name}8`, label: `Nest 12, ${server.label} ${server.line}`, major: '12', compat: '', server })),
   { name: '12-floor', label: 'Nest 12 floor', major: '12', compat: 'nest12', node: floor },
   { name: '11', label: 'Nest 11 floor', major: '11', compat: 'nest11', node: floor },
 ].filter((r) => !only || r.name === only);
@@ -117,8 +121,20 @@ check(
 
 // 4. Jest: the newest Nest 12 on this Node, the newest and the LTS lines, then the floor runs on Node's floor.
 const jest = join(root, 'node_modules', 'jest', 'bin', 'jest.js');
-for (const { name, label, major, compat, node: fetched } of runs) {
+for (const { name, label, major, compat, node: fetched, server } of runs) {
   let node = { node: process.execPath, version: process.versions.node };
+  // Another server than the machine's redis-server: its wrappers come first on the PATH.
+  let path = {};
+  if (server) {
+    try {
+      const other = otherServer(server);
+      path = { PATH: `${other.bin}${delimiter}${process.env.PATH}`, LOCK_TEST_SERVER: `${server.label} ${other.version}` };
+    } catch (error) {
+      console.error(error.message);
+      check(`${label}: ${server.label} ${server.line} fetched (scripts/redis-servers.mjs)`, false);
+      continue;
+    }
+  }
   if (fetched) {
     try {
       node = fetched.pick();
@@ -130,10 +146,10 @@ for (const { name, label, major, compat, node: fetched } of runs) {
   }
   const out = join(tmp, `jest-nest${name}.json`);
   const { ok, output } = await runCapturing(
-    `jest on ${label} (Node ${node.version})`,
+    `jest on ${label} (Node ${node.version}${path.LOCK_TEST_SERVER ? `, ${path.LOCK_TEST_SERVER}` : ''})`,
     node.node,
     ['--experimental-vm-modules', '--disable-warning=ExperimentalWarning', jest, '--json', `--outputFile=${out}`, ...jestArgs],
-    { NEST_MAJOR: major, NEST_COMPAT: compat, CI: process.env.CI ?? '' },
+    { NEST_MAJOR: major, NEST_COMPAT: compat, CI: process.env.CI ?? '', ...path },
   );
   let report;
   try {
