@@ -14,7 +14,7 @@
 // Where apt-get or Debian's archive is not at hand, set REDIS_8 or VALKEY_8 to a directory holding
 // that server's binaries (`redis-server` and `redis-cli`, or `valkey-server` and `valkey-cli`).
 import { execFileSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -115,11 +115,14 @@ function fetched(server) {
   }
   // The -server package's binary is a link to the check tool, which acts on the name it runs under.
   const binaries = join(unpacked, 'usr', 'bin');
-  if (!existsSync(join(binaries, server.server))) execFileSync('ln', ['-s', `${server.name}-check-rdb`, join(binaries, server.server)]);
+  if (!existsSync(join(binaries, server.server))) symlinkSync(`${server.name}-check-rdb`, join(binaries, server.server));
   return unpacked;
 }
 
-/** apt-get options for an archive of its own under .tmp/servers/apt: the machine's apt setup is not read or touched. */
+/**
+ * apt-get options for package lists and a cache of their own under .tmp/servers/apt: the machine's
+ * package sources are not read, and nothing of its apt state is written.
+ */
 function aptOptions() {
   const apt = join(dir, 'apt');
   mkdirSync(join(apt, 'lists', 'partial'), { recursive: true });
