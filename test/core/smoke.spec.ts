@@ -1,6 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { execFileSync } from 'node:child_process';
-import type { RedisServer } from '../support/redis-server.js';
+import { expectedServer, serverIdentity, type RedisServer } from '../support/redis-server.js';
 import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('smoke', () => {
@@ -11,11 +10,7 @@ describe('smoke', () => {
   it('runs on the server this run names: LOCK_TEST_SERVER (Redis 8, Valkey 8 runs), else the redis-server on the PATH', async () => {
     // The servers a test starts are `redis-server` from the PATH; scripts/test.mjs puts another
     // server's wrappers first on it for the runs on Redis 8 and Valkey 8.
-    const info = String(await redis.shared().info('server'));
-    const field = (name: string) => new RegExp(`^${name}:(\\S+)`, 'm').exec(info)?.[1];
-    const running = field('server_name') === 'valkey' ? `Valkey ${field('valkey_version')}` : `Redis ${field('redis_version')}`;
-    const onPath = /^(Redis|Valkey) server v=(\S+)/.exec(execFileSync('redis-server', ['--version'], { encoding: 'utf8' }));
-    expect(running).toBe(process.env.LOCK_TEST_SERVER || `${onPath?.[1]} ${onPath?.[2]}`);
+    expect(await serverIdentity(redis.shared())).toBe(expectedServer());
   });
 
   it('acquires and releases', async () => {

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { Fixture, type FixtureMessage } from '../support/children.js';
-import { RedisServer } from '../support/redis-server.js';
+import { expectedServer, RedisServer, serverIdentity } from '../support/redis-server.js';
 
 /**
  * The fault suite (`npm run test:faults`): processes contend for a few keys with nested
@@ -59,6 +59,11 @@ describe('fault injection', () => {
     await Promise.all([...children.values()].map((c) => c.stop()));
     await lockRedis?.stop();
     await resourceRedis?.stop();
+  });
+
+  it('runs on the server this run names (LOCK_TEST_SERVER in the Redis 8 and Valkey 8 runs, else the redis-server on the PATH)', async () => {
+    expect(await serverIdentity(lockRedis.shared())).toBe(expectedServer());
+    expect(await serverIdentity(resourceRedis.shared())).toBe(expectedServer());
   });
 
   it('SIGKILL a holder: another process gets its key within the lease plus a small margin', async () => {

@@ -230,6 +230,24 @@ export async function silentPort(): Promise<{ port: number; readonly connections
   };
 }
 
+/** What a server says it is, as "Redis 7.0.15" or "Valkey 8.1.1" (INFO server). */
+export async function serverIdentity(client: Redis): Promise<string> {
+  const info = String(await client.info('server'));
+  const field = (name: string) => new RegExp(`^${name}:(\\S+)`, 'm').exec(info)?.[1];
+  return field('server_name') === 'valkey' ? `Valkey ${field('valkey_version')}` : `Redis ${field('redis_version')}`;
+}
+
+/**
+ * The server a run's tests must be starting: LOCK_TEST_SERVER (the Redis 8 and Valkey 8 runs, which
+ * put that server's wrappers first on the PATH: scripts/redis-servers.mjs), else the redis-server
+ * on the PATH.
+ */
+export function expectedServer(): string {
+  if (process.env.LOCK_TEST_SERVER) return process.env.LOCK_TEST_SERVER;
+  const onPath = /^(Redis|Valkey) server v=(\S+)/.exec(spawnSync('redis-server', ['--version'], { encoding: 'utf8' }).stdout);
+  return `${onPath?.[1]} ${onPath?.[2]}`;
+}
+
 /** Whether `redis-server` is on the PATH. */
 export function redisServerAvailable(): boolean {
   return spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0;
