@@ -10,12 +10,14 @@
 //   import { otherServer, OTHER_SERVERS } from './redis-servers.mjs';
 //   otherServer(OTHER_SERVERS[0]) → { name, version, bin }   (bin: the wrappers' directory)
 //   node scripts/redis-servers.mjs [redis|valkey]          → prints the same as JSON
+//   node scripts/redis-servers.mjs valkey -- npm run test:faults
+//                                                         → runs the command on that server
 //
 // Where apt-get or Debian's archive is not at hand, set REDIS_8 or VALKEY_8 to a directory holding
 // that server's binaries (`redis-server` and `redis-cli`, or `valkey-server` and `valkey-cli`).
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -154,7 +156,42 @@ function unpack(apt, packages, into) {
   rmSync(downloads, { recursive: true, force: true });
 }
 
+/**
+ * What a run on `found` (otherServer's answer for `server`) adds to its environment: the wrappers
+ * first on the PATH, and LOCK_TEST_SERVER, which the tests check the servers they start against.
+ */
+export function serverEnv(server, found) {
+  return { PATH: `${found.bin}${delimiter}${process.env.PATH}`, LOCK_TEST_SERVER: `${server.label} ${found.version}` };
+}
+
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  const wanted = OTHER_SERVERS.filter((s) => !process.argv[2] || s.name === process.argv[2]);
-  for (const server of wanted) console.log(JSON.stringify(otherServer(server)));
+  const args = process.argv.slice(2);
+  const dash = args.indexOf('--');
+  const names = dash < 0 ? args : args.slice(0, dash);
+  const command = dash < 0 ? [] : args.slice(dash + 1);
+  const unknown = names.filter((name) => !OTHER_SERVERS.some((s) => s.name === name));
+  if (unknown.length > 0 || (command.length > 0 && names.length !== 1)) {
+    console.error(
+      'usage: node scripts/redis-servers.mjs [redis|valkey]          (fetch, print where)\n' +
+        '       node scripts/redis-servers.mjs redis|valkey -- command  (run command on that server)',
+    );
+    process.exit(2);
+  }
+  const wanted = OTHER_SERVERS.filter((s) => names.length === 0 || names.includes(s.name));
+  if (command.length === 0) {
+    for (const server of wanted) console.log(JSON.stringify(otherServer(server)));
+  } else {
+    // `-- command`: runs it with the server's wrappers first on the PATH (the fault suite on Redis 8
+    // and Valkey 8 in .ci/run; one spec by hand), and exits with its status.
+    let env;
+    try {
+      env = serverEnv(wanted[0], otherServer(wanted[0]));
+    } catch (error) {
+      console.error(error.message);
+      process.exit(1);
+    }
+    const result = spawnSync(command[0], command.slice(1), { stdio: 'inherit', env: { ...process.env, ...env } });
+    if (result.error) console.error(result.error.message);
+    process.exit(result.status ?? 1);
+  }
 }

@@ -17,10 +17,10 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { delimiter, dirname, join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { floorNode, LTS_NODES, ltsNode, newestNode } from './node-floor.mjs';
-import { OTHER_SERVERS, otherServer } from './redis-servers.mjs';
+import { OTHER_SERVERS, otherServer, serverEnv } from './redis-servers.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tmp = join(root, '.tmp');
@@ -127,8 +127,7 @@ for (const { name, label, major, compat, node: fetched, server } of runs) {
   let path = {};
   if (server) {
     try {
-      const other = otherServer(server);
-      path = { PATH: `${other.bin}${delimiter}${process.env.PATH}`, LOCK_TEST_SERVER: `${server.label} ${other.version}` };
+      path = serverEnv(server, otherServer(server));
     } catch (error) {
       console.error(error.message);
       check(`${label}: ${server.label} ${server.line} fetched (scripts/redis-servers.mjs)`, false);
