@@ -73,7 +73,9 @@ class Checker {
         continue;
       }
       if (!this.live(handle) || !other.handles.some((h) => this.live(h))) continue;
-      this.violations.push(`${side} hold of ${key} by ${owner} while ${other.owner} held its ${other.side} side`);
+      // Whether either side had been told it lost its lock (a run without outages expects none; a
+      // machine too busy to renew within the lease makes one), so that a failure says which it was.
+      this.violations.push(`${side} hold of ${key} by ${owner} while ${other.owner} held its ${other.side} side (${state(handle)}; theirs ${other.handles.map(state).join(', ')})`);
     }
     const id = `${owner} ${side}`;
     const mine = here.get(id) ?? here.set(id, { owner, side, handles: [] }).get(id)!;
@@ -94,6 +96,13 @@ class Checker {
     mine.handles.splice(mine.handles.indexOf(handle), 1);
     if (mine.handles.length === 0) here.delete(id);
   }
+}
+
+/** A handle as a violation reports it: held, or lost and why (reading the signal checks the lease deadline). */
+function state(handle: LockHandle): string {
+  if (!handle.signal.aborted) return 'held';
+  const reason: unknown = handle.signal.reason;
+  return `lost: ${reason instanceof Error ? reason.message : String(reason)}`;
 }
 
 /** A small deterministic generator (the run is the same every time, given the same timings). */
