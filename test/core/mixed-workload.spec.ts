@@ -75,7 +75,7 @@ class Checker {
       if (!this.live(handle) || !other.handles.some((h) => this.live(h))) continue;
       // Whether either side had been told it lost its lock (a run without outages expects none; a
       // machine too busy to renew within the lease makes one), so that a failure says which it was.
-      this.violations.push(`${side} hold of ${key} by ${owner} while ${other.owner} held its ${other.side} side (${state(handle)}; theirs ${other.handles.map(state).join(', ')})`);
+      this.violations.push(`${side} hold of ${key} by ${owner} while ${other.owner} held its ${other.side} side (${handleState(handle)}; theirs ${other.handles.map(handleState).join(', ')})`);
     }
     const id = `${owner} ${side}`;
     const mine = here.get(id) ?? here.set(id, { owner, side, handles: [] }).get(id)!;
@@ -99,7 +99,7 @@ class Checker {
 }
 
 /** A handle as a violation reports it: held, or lost and why (reading the signal checks the lease deadline). */
-function state(handle: LockHandle): string {
+function handleState(handle: LockHandle): string {
   if (!handle.signal.aborted) return 'held';
   const reason: unknown = handle.signal.reason;
   return `lost: ${reason instanceof Error ? reason.message : String(reason)}`;
