@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
@@ -135,15 +136,27 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
-  it('gives back the grant of a node that ran the acquisition after the release: it did not know the acquire script (NOSCRIPT), and ran it again with its text behind the release', async () => {
+  /**
+   * Runs `test` with an app of its own over the 3 nodes, the third one as a node restarted empty
+   * whose connection has since run the release script only: it answers the acquire script NOSCRIPT.
+   */
+  const withoutAcquireScript = async (test: (patient: LockApp, late: RedisServer, raw: Redis) => Promise<void>) => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
     const late = nodes[2]!;
     const raw = late.client();
     try {
-      // As a node restarted empty, whose connection has since run the release script only.
       await raw.script('FLUSH');
       await raw.script('LOAD', RELEASE);
       await raw.config('RESETSTAT');
+      await test(patient, late, raw);
+    } finally {
+      late.resume();
+      await patient.close();
+    }
+  };
+
+  it('gives back the grant of a node that ran the acquisition after the release: it did not know the acquire script (NOSCRIPT), and ran it again with its text behind the release', () =>
+    withoutAcquireScript(async (patient, late, raw) => {
       late.pause();
       try {
         const lock = await patient.locks.acquire('rl:noscript'); // granted by the other two
@@ -155,11 +168,71 @@ describe('Redlock over 3 independent servers', () => {
       // the acquisition with the script's text, which grants it (one HSET) for the 30 s lease.
       await until(async () => (await commandCalls(raw, 'hset')).hset === 1 && (await raw.exists('lock:{rl:noscript}')) === 0, 5_000, 'the late grant stayed on the node');
       expect(await holders('rl:noscript')).toEqual([]);
-    } finally {
-      late.resume();
-      await patient.close();
-    }
-  });
+    }));
+
+  it('gives back both late grants of a nested lock taken and released while the node answered NOSCRIPT: it ran both releases before them', () =>
+    withoutAcquireScript(async (patient, late, raw) => {
+      const key = 'rl:noscript-nested';
+      late.pause();
+      try {
+        await patient.locks.run(key, async () => {
+          await patient.locks.run(key, async (inner) => {
+            expect(inner.holdCount).toBe(2);
+          });
+        });
+      } finally {
+        late.resume();
+      }
+      // The frozen node answers both acquisitions NOSCRIPT, runs both releases (nothing to drop),
+      // then both acquisitions with the script's text: a fresh grant (an HSET), then a re-entry (an
+      // HINCRBY). Once both ran, only their give-backs are left to run there.
+      await until(
+        async () => {
+          const { hset, hincrby } = await commandCalls(raw, 'hset', 'hincrby');
+          return hset === 1 && hincrby === 1 && (await raw.exists(`lock:{${key}}`)) === 0;
+        },
+        5_000,
+        'a late grant stayed on the node',
+      );
+      expect(await holders(key)).toEqual([]);
+    }));
+
+  it('keeps one hold too many on a node that answered NOSCRIPT to an inner acquisition and ran its release first, while the outer hold was held: unused there until its lease ends, it keeps no one else from the lock', () =>
+    withoutAcquireScript(async (patient, late, raw) => {
+      const key = 'rl:noscript-outer';
+      const leaseMs = 2_000;
+      late.pause();
+      let outer;
+      try {
+        outer = await patient.locks.acquire(key, { leaseMs }); // granted by the other two
+        await outer.run(() =>
+          patient.locks.run(
+            key,
+            async (inner) => {
+              expect(inner.holdCount).toBe(2);
+            },
+            { leaseMs },
+          ),
+        );
+      } finally {
+        late.resume();
+      }
+      // The frozen node answers both acquisitions NOSCRIPT, runs the inner release (nothing to drop),
+      // then both acquisitions with the script's text: the outer hold and the inner one. Both are
+      // kept, as this process still holds the lock when their answers come.
+      await until(async () => Object.values(await raw.hgetall(`lock:{${key}}`)).includes('2'), 5_000, 'the late node never counted both holds');
+      // The other two count the outer hold alone, as this process does.
+      for (const node of nodes.slice(0, 2)) expect(Object.values(await node.client().hgetall(`lock:{${key}}`))).toEqual(['1']);
+      await outer.release();
+      // Free on the other two; this node keeps one hold, with no more than the lease left.
+      await until(async () => (await holders(key)).length === 1, 5_000, 'the release never reached the nodes');
+      expect(Object.values(await raw.hgetall(`lock:{${key}}`))).toEqual(['1']);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(leaseMs);
+      const next = await elsewhere(() => patient.locks.tryAcquire(key));
+      expect(next).not.toBeNull();
+      await next!.release();
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, leaseMs + 1_000, 'the hold too many outlived its lease');
+    }));
 
   it('keeps the grant of a node that answers late while the lock is still held, and frees it there at the release', async () => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
