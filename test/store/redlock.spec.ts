@@ -197,41 +197,61 @@ describe('Redlock over 3 independent servers', () => {
       expect(await holders(key)).toEqual([]);
     }));
 
-  it('keeps one hold too many on a node that answered NOSCRIPT to an inner acquisition and ran its release first, while the outer hold was held: unused there until its lease ends, it keeps no one else from the lock', () =>
+  it('gives back the hold of an inner acquisition that a node answered NOSCRIPT to and granted after it ran the inner release, while the outer hold is held: the outer release frees the lock there', () =>
     withoutAcquireScript(async (patient, late, raw) => {
       const key = 'rl:noscript-outer';
-      const leaseMs = 2_000;
       late.pause();
       let outer;
       try {
-        outer = await patient.locks.acquire(key, { leaseMs }); // granted by the other two
+        outer = await patient.locks.acquire(key); // granted by the other two
         await outer.run(() =>
-          patient.locks.run(
-            key,
-            async (inner) => {
-              expect(inner.holdCount).toBe(2);
-            },
-            { leaseMs },
-          ),
+          patient.locks.run(key, async (inner) => {
+            expect(inner.holdCount).toBe(2);
+          }),
         );
       } finally {
         late.resume();
       }
       // The frozen node answers both acquisitions NOSCRIPT, runs the inner release (nothing to drop),
-      // then both acquisitions with the script's text: the outer hold and the inner one. Both are
-      // kept, as this process still holds the lock when their answers come.
-      await until(async () => Object.values(await raw.hgetall(`lock:{${key}}`)).includes('2'), 5_000, 'the late node never counted both holds');
-      // The other two count the outer hold alone, as this process does.
-      for (const node of nodes.slice(0, 2)) expect(Object.values(await node.client().hgetall(`lock:{${key}}`))).toEqual(['1']);
+      // then both acquisitions with the script's text: the outer hold (an HSET) and the inner one (an
+      // HINCRBY), two holds where this process has one. The second HINCRBY gives the extra one back.
+      await until(
+        async () => {
+          const { hset, hincrby } = await commandCalls(raw, 'hset', 'hincrby');
+          return hset === 1 && hincrby === 2;
+        },
+        5_000,
+        'the late node never gave back the released hold',
+      );
+      // Every node counts the outer hold alone, as this process does.
+      for (const node of nodes) expect(Object.values(await node.client().hgetall(`lock:{${key}}`))).toEqual(['1']);
       await outer.release();
-      // Free on the other two; this node keeps one hold, with no more than the lease left.
-      await until(async () => (await holders(key)).length === 1, 5_000, 'the release never reached the nodes');
-      expect(Object.values(await raw.hgetall(`lock:{${key}}`))).toEqual(['1']);
-      expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(leaseMs);
-      const next = await elsewhere(() => patient.locks.tryAcquire(key));
-      expect(next).not.toBeNull();
-      await next!.release();
-      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, leaseMs + 1_000, 'the hold too many outlived its lease');
+      // Without the give-back, that node kept a hold until the 30 s lease ended.
+      await until(async () => (await holders(key)).length === 0, 5_000, 'a node kept a hold after the release');
+    }));
+
+  it('keeps both late grants of a nested lock still held when a node that answered NOSCRIPT grants them, and frees them there at the releases', () =>
+    withoutAcquireScript(async (patient, late, raw) => {
+      const key = 'rl:noscript-held';
+      const counts = async () => Promise.all(nodes.map(async (n) => Object.values(await n.client().hgetall(`lock:{${key}}`))));
+      late.pause();
+      let resumed = false;
+      try {
+        await patient.locks.run(key, async () => {
+          await patient.locks.run(key, async () => {
+            late.resume();
+            resumed = true;
+            // Both grants come while this process holds both holds: nothing is given back there.
+            await until(async () => (await commandCalls(raw, 'hincrby')).hincrby === 1, 5_000, 'the late node never granted the inner hold');
+            expect(await counts()).toEqual([['2'], ['2'], ['2']]);
+          });
+          await until(async () => JSON.stringify(await counts()) === JSON.stringify([['1'], ['1'], ['1']]), 5_000, 'the inner release never reached every node');
+        });
+      } finally {
+        late.resume();
+      }
+      expect(resumed).toBe(true);
+      await until(async () => (await holders(key)).length === 0, 5_000, 'a node kept a hold after the release');
     }));
 
   it('keeps the grant of a node that answers late while the lock is still held, and frees it there at the release', async () => {

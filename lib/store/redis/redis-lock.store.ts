@@ -547,6 +547,21 @@ export class RedisLockStore implements LockStore {
     return restored === -1 ? -1 : restored === -2 ? left : left + 1;
   }
 
+  /**
+   * Takes `owner`'s holds of `key` in `mode` from `from` down to `to` (Redlock: a node that counts
+   * holds this process has released, see RedlockStore.acquire). Only while no step of that holder
+   * field is in flight here, whose run could still change the count, and only if Redis still counts
+   * `from` (adjustHolds): never below 1, so it never frees the lock. True when Redis counts `to` after it.
+   */
+  async trimHolds(key: string, owner: string, mode: LockMode, from: number, to: number): Promise<boolean> {
+    const name = this.lockName(key);
+    const field = holderField(owner, mode);
+    if (to < 1 || from <= to || this.inFlight.has(stepKey(name, field))) return false;
+    const left = Number(await scripts.adjustHolds.run(this.client, [name], [field, to - from, from]));
+    if (left === to) this.log.debug(`"${name}": ${from - to} hold(s) given back that a late grant counted after their release`);
+    return left === to;
+  }
+
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
     const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish, this.fenceTtlMs])) === 1;

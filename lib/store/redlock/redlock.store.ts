@@ -160,7 +160,11 @@ export class RedlockStore implements LockStore {
             }
             if (!countHolds) return;
             await nextTurn();
-            if (countHolds(owner, key, mode) === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
+            const holds = countHolds(owner, key, mode);
+            if (holds === 0) await this.nodes[i]!.store.releaseAll(key, owner, mode);
+            // More holds there than this process has: the node ran a release of an inner hold
+            // before that hold's grant (the grant went again behind it), which took nothing then.
+            else if (holds !== undefined && late.holdCount > holds) await this.nodes[i]!.store.trimHolds(key, owner, mode, late.holdCount, holds);
           })
           .catch(() => undefined);
       });

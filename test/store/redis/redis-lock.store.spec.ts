@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { RedisLockStore } from '../../../lib/store/redis/redis-lock.store.js';
-import { FENCE_COUNTER_TTL_MS } from '../../../lib/store/redis/lock.scripts.js';
+import { ADJUST_HOLDS, FENCE_COUNTER_TTL_MS } from '../../../lib/store/redis/lock.scripts.js';
 import { RedisServer } from '../../support/redis-server.js';
 
 const quiet = { debug: () => undefined, warn: () => undefined };
@@ -139,6 +139,24 @@ describe('RedisLockStore scripts', () => {
     for (let i = 1; i < tokens.length; i++) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]!);
     expect(Number.isSafeInteger(tokens.at(-1))).toBe(true);
     expect(await raw.pttl('lock:{fence}:fence')).toBeGreaterThan(3_500_000);
+  });
+
+  it('trims an owner\'s holds (trimHolds) only from the count it names, never to 0, and not while a step of that holder is in flight', async () => {
+    for (let i = 0; i < 3; i++) await store.acquire({ key: 'trim', owner: 'A', leaseMs: 10_000 });
+    expect(await store.trimHolds('trim', 'A', 'exclusive', 2, 1)).toBe(false); // Redis counts 3
+    expect(await store.trimHolds('trim', 'A', 'exclusive', 3, 0)).toBe(false); // never frees
+    expect(await raw.hgetall('lock:{trim}')).toEqual({ A: '3' });
+    // A re-entry in flight that Redis answers NOSCRIPT runs again behind anything sent meanwhile:
+    // a trim sent then would run before it, from the count it names, and leave a hold too few.
+    await raw.script('FLUSH');
+    await raw.script('LOAD', ADJUST_HOLDS);
+    const reentry = store.acquire({ key: 'trim', owner: 'A', leaseMs: 10_000 });
+    expect(await store.trimHolds('trim', 'A', 'exclusive', 3, 1)).toBe(false);
+    expect(await reentry).toMatchObject({ granted: true, holdCount: 4 });
+    expect(await store.trimHolds('trim', 'A', 'exclusive', 4, 1)).toBe(true);
+    expect(await raw.hgetall('lock:{trim}')).toEqual({ A: '1' });
+    expect(await store.release('trim', 'A')).toBe(0);
+    expect(await raw.exists('lock:{trim}')).toBe(0);
   });
 
   it('keeps working after the server forgot its scripts', async () => {
