@@ -235,12 +235,10 @@ describe('Redlock over 3 independent servers', () => {
       const key = 'rl:noscript-held';
       const counts = async () => Promise.all(nodes.map(async (n) => Object.values(await n.client().hgetall(`lock:{${key}}`))));
       late.pause();
-      let resumed = false;
       try {
         await patient.locks.run(key, async () => {
           await patient.locks.run(key, async () => {
             late.resume();
-            resumed = true;
             // Both grants come while this process holds both holds: nothing is given back there.
             await until(async () => (await commandCalls(raw, 'hincrby')).hincrby === 1, 5_000, 'the late node never granted the inner hold');
             expect(await counts()).toEqual([['2'], ['2'], ['2']]);
@@ -250,7 +248,6 @@ describe('Redlock over 3 independent servers', () => {
       } finally {
         late.resume();
       }
-      expect(resumed).toBe(true);
       await until(async () => (await holders(key)).length === 0, 5_000, 'a node kept a hold after the release');
     }));
 
