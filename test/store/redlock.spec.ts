@@ -155,6 +155,12 @@ describe('Redlock over 3 independent servers', () => {
     }
   };
 
+  /** Whether `raw`'s node ran `hset` HSETs (fresh grants) and `hincrby` HINCRBYs (re-entries, and holds given back of several) since its statistics were reset. */
+  const ran = async (raw: Redis, hset: number, hincrby: number) => {
+    const calls = await commandCalls(raw, 'hset', 'hincrby');
+    return calls.hset === hset && calls.hincrby === hincrby;
+  };
+
   it('gives back the grant of a node that ran the acquisition after the release: it did not know the acquire script (NOSCRIPT), and ran it again with its text behind the release', () =>
     withoutAcquireScript(async (patient, late, raw) => {
       late.pause();
@@ -186,14 +192,7 @@ describe('Redlock over 3 independent servers', () => {
       // The frozen node answers both acquisitions NOSCRIPT, runs both releases (nothing to drop),
       // then both acquisitions with the script's text: a fresh grant (an HSET), then a re-entry (an
       // HINCRBY). Once both ran, only their give-backs are left to run there.
-      await until(
-        async () => {
-          const { hset, hincrby } = await commandCalls(raw, 'hset', 'hincrby');
-          return hset === 1 && hincrby === 1 && (await raw.exists(`lock:{${key}}`)) === 0;
-        },
-        5_000,
-        'a late grant stayed on the node',
-      );
+      await until(async () => (await ran(raw, 1, 1)) && (await raw.exists(`lock:{${key}}`)) === 0, 5_000, 'a late grant stayed on the node');
       expect(await holders(key)).toEqual([]);
     }));
 
@@ -215,14 +214,7 @@ describe('Redlock over 3 independent servers', () => {
       // The frozen node answers both acquisitions NOSCRIPT, runs the inner release (nothing to drop),
       // then both acquisitions with the script's text: the outer hold (an HSET) and the inner one (an
       // HINCRBY), two holds where this process has one. The second HINCRBY gives the extra one back.
-      await until(
-        async () => {
-          const { hset, hincrby } = await commandCalls(raw, 'hset', 'hincrby');
-          return hset === 1 && hincrby === 2;
-        },
-        5_000,
-        'the late node never gave back the released hold',
-      );
+      await until(() => ran(raw, 1, 2), 5_000, 'the late node never gave back the released hold');
       // Every node counts the outer hold alone, as this process does.
       for (const node of nodes) expect(Object.values(await node.client().hgetall(`lock:{${key}}`))).toEqual(['1']);
       await outer.release();
