@@ -390,6 +390,29 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it('waits for a node\'s answer to a renewal at most half of stepTimeoutMs too, and renews again once the nodes are back', async () => {
+    const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 100 });
+    try {
+      // A tenth of this lease is 300 ms: the votes below say 50 only through stepTimeoutMs.
+      const lock = await brief.locks.acquire('rl:brief-renewal', { leaseMs: 3_000, watchdog: true });
+      await until(async () => (await holders('rl:brief-renewal')).length === 3, 5_000, 'the lock never reached every node');
+      const failed = nextEvent(brief.locks.events$, 'renew-failed', (e) => e.key === 'rl:brief-renewal');
+      nodes[1]!.pause();
+      nodes[2]!.pause();
+      const error = (await failed.finally(() => nodes.forEach((n) => n.resume()))).error;
+      expect(error).toBeInstanceOf(LockQuorumError);
+      expect((error as LockQuorumError).votes.map((v) => v.error)).toEqual([undefined, 'no answer within 50 ms', 'no answer within 50 ms']);
+      // The watchdog retries within the lease: the lock is renewed on the resumed nodes and kept.
+      await nextEvent(brief.locks.events$, 'renewed', (e) => e.key === 'rl:brief-renewal');
+      expect(lock.signal.aborted).toBe(false);
+      await lock.release();
+      await until(async () => (await holders('rl:brief-renewal')).length === 0, 5_000, 'the release never reached every node');
+    } finally {
+      nodes.forEach((n) => n.resume());
+      await brief.close();
+    }
+  });
+
   it('wakes a waiter at the release while the first node is frozen: it listens on a node that confirmed its subscription', async () => {
     const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) } });
     nodes[0]!.pause();
