@@ -176,6 +176,33 @@ describe('Redlock over 3 independent servers', () => {
       expect(await holders('rl:noscript')).toEqual([]);
     }));
 
+  it('leaves the late grant of an explicit owner token until its lease ends (other processes may share its holds), and it keeps no one else from the lock', () =>
+    withoutAcquireScript(async (patient, late, raw) => {
+      const key = 'rl:noscript-explicit';
+      late.pause();
+      try {
+        const lock = await patient.locks.acquire(key, { owner: 'shared-token', leaseMs: 2_000 }); // granted by the other two
+        await lock.release(); // queued on the frozen node behind the acquisition
+      } finally {
+        late.resume();
+      }
+      // As for a context's owner, the node grants the acquisition after it ran the release.
+      await until(async () => (await commandCalls(raw, 'hset')).hset === 1, 5_000, 'the late grant never ran');
+      expect(await raw.hkeys(`lock:{${key}}`)).toEqual(['shared-token']);
+      // Another owner gets the lock on the other two nodes meanwhile.
+      const other = await patient.locks.tryAcquire(key, { leaseMs: 10_000 });
+      expect(other).not.toBeNull();
+      await other!.release();
+      // Not given back: the grant is still there near the end of its 2 s lease.
+      let ttl = await raw.pttl(`lock:{${key}}`);
+      while (ttl > 300) {
+        await new Promise((r) => setTimeout(r, 50));
+        ttl = await raw.pttl(`lock:{${key}}`);
+      }
+      expect(ttl).toBeGreaterThan(0);
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 2_000, 'the late grant outlived its lease');
+    }));
+
   it('gives back both late grants of a nested lock taken and released while the node answered NOSCRIPT: it ran both releases before them', () =>
     withoutAcquireScript(async (patient, late, raw) => {
       const key = 'rl:noscript-nested';
