@@ -233,6 +233,23 @@ export async function stallAfterSending(ms: number): Promise<void> {
 }
 
 /**
+ * Stalls this process for `ms` inside a timer callback, once the steps just called are written. The
+ * event loop reads its clock before it runs the timers that are due, so a timer that falls due during
+ * the stall waits for the next pass, behind the socket reads of everything Redis sent meanwhile
+ * (stallAfterSending stalls after the reads, so such a timer fires first).
+ */
+export async function stallInTimer(ms: number): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+  await new Promise<void>((resolve) =>
+    setTimeout(() => {
+      const stalled = performance.now();
+      while (performance.now() - stalled < ms);
+      resolve();
+    }, 0),
+  );
+}
+
+/**
  * `holder` (held with a 120 s lease) is freed by `free`, while `waiter` waits for `key` with a 120 s
  * wait, asleep: only the message that goes with the release (or force-unlock) can wake it within
  * `ms` (nextEvent's 10 s by default). Resolves once the waiter got the lock, and released it.

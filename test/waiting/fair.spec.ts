@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
-import { nextEvent, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
@@ -221,6 +221,44 @@ describe('fair mode', () => {
     } finally {
       child.kill('SIGCONT');
       await child.stop();
+    }
+  });
+
+  it('gives back a handover whose message it reads only once the handover lease, counted from its attempt, has ended (a stalled process), and takes the lock afresh', async () => {
+    const key = 'fair:stale-message';
+    const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: QUEUE_TIMEOUT });
+    // The messages on the key's channel, for the handover's token.
+    const listener = raw.duplicate();
+    const messages: string[] = [];
+    listener.on('message', (_channel: string, message: string) => messages.push(message));
+    try {
+      await listener.subscribe(`lock:{${key}}`);
+      const holder = await app.locks.acquire(key, { fair: true });
+      const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
+      // Its attempt after subscribing registers the wait id; it then sleeps at most half the
+      // handover lease (the queue timeout, 1 s) before it tries again.
+      await waitRegistered(raw, key, (await contended).owner);
+      // Redis runs the release (handing the lock to the waiter for 1 s) 600 ms from now, while this
+      // process is stalled for 1.2 s. When it goes on, it reads the handover message before the
+      // waiter's timer fires: the grant is older than its handover lease by the waiter's count,
+      // though Redis still holds it for the waiter for some 400 ms.
+      await raw.client('PAUSE', 600, 'ALL');
+      const released = holder.release();
+      await stallInTimer(1_200);
+      await released;
+      const lock = await waiting;
+      // Given back and taken afresh, with a token past the handover's; using the handover would
+      // keep its token.
+      await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
+      const handed = Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+      expect(handed).toBeGreaterThan(holder.fencingToken);
+      expect(lock.fencingToken).toBeGreaterThan(handed);
+      expect(await raw.hget(`lock:{${key}}`, lock.owner)).toBe('1');
+      await lock.release();
+    } finally {
+      listener.disconnect();
+      await patient.close();
     }
   });
 
