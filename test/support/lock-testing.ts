@@ -228,8 +228,7 @@ export function asleep(app: LockApp, key: string): number {
  */
 export async function stallAfterSending(ms: number): Promise<void> {
   await new Promise((resolve) => setImmediate(resolve));
-  const stalled = performance.now();
-  while (performance.now() - stalled < ms);
+  stall(ms);
 }
 
 /**
@@ -242,11 +241,16 @@ export async function stallInTimer(ms: number): Promise<void> {
   await new Promise((resolve) => setImmediate(resolve));
   await new Promise<void>((resolve) =>
     setTimeout(() => {
-      const stalled = performance.now();
-      while (performance.now() - stalled < ms);
+      stall(ms);
       resolve();
     }, 0),
   );
+}
+
+/** Keeps this thread busy for `ms`: no timer fires and no socket is read meanwhile. */
+function stall(ms: number): void {
+  const stalled = performance.now();
+  while (performance.now() - stalled < ms);
 }
 
 /**
