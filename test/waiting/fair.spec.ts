@@ -226,7 +226,10 @@ describe('fair mode', () => {
 
   it('gives back a handover whose message it reads only once the handover lease, counted from its attempt, has ended (a stalled process), and takes the lock afresh', async () => {
     const key = 'fair:stale-message';
-    const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: QUEUE_TIMEOUT });
+    // A queue timeout of 2 s, which is also the handover lease: the waiter sleeps up to 1 s between
+    // attempts and keeps its place for 2 s after each, time enough to start the stall below before it
+    // tries again and to run the release before its place lapses.
+    const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 2_000 });
     // The messages on the key's channel, for the handover's token.
     const listener = raw.duplicate();
     const messages: string[] = [];
@@ -236,16 +239,15 @@ describe('fair mode', () => {
       const holder = await app.locks.acquire(key, { fair: true });
       const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
       const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
-      // Its attempt after subscribing registers the wait id; it then sleeps at most half the
-      // handover lease (the queue timeout, 1 s) before it tries again.
+      // Its attempt after subscribing registers the wait id; it then sleeps.
       await waitRegistered(raw, key, (await contended).owner);
-      // Redis runs the release (handing the lock to the waiter for 1 s) 600 ms from now, while this
-      // process is stalled for 1.2 s. When it goes on, it reads the handover message before the
+      // Redis runs the release (handing the lock to the waiter for 2 s) 1.2 s from now, while this
+      // process is stalled for 2.4 s. When it goes on, it reads the handover message before the
       // waiter's timer fires: the grant is older than its handover lease by the waiter's count,
-      // though Redis still holds it for the waiter for some 400 ms.
-      await raw.client('PAUSE', 600, 'ALL');
+      // though Redis still holds it for the waiter for some 800 ms.
+      await raw.client('PAUSE', 1_200, 'ALL');
       const released = holder.release();
-      await stallInTimer(1_200);
+      await stallInTimer(2_400);
       await released;
       const lock = await waiting;
       // Given back and taken afresh, with a token past the handover's; using the handover would
