@@ -181,7 +181,7 @@ describe('Redlock over 3 independent servers', () => {
       const key = 'rl:noscript-explicit';
       late.pause();
       try {
-        const lock = await patient.locks.acquire(key, { owner: 'shared-token', leaseMs: 2_000 }); // granted by the other two
+        const lock = await patient.locks.acquire(key, { owner: 'shared-token', leaseMs: 3_000 }); // granted by the other two
         await lock.release(); // queued on the frozen node behind the acquisition
       } finally {
         late.resume();
@@ -193,7 +193,7 @@ describe('Redlock over 3 independent servers', () => {
       const other = await patient.locks.tryAcquire(key, { leaseMs: 10_000 });
       expect(other).not.toBeNull();
       await other!.release();
-      // Not given back: the grant is still there near the end of its 2 s lease.
+      // Not given back: the grant is still there near the end of its 3 s lease.
       let ttl = await raw.pttl(`lock:{${key}}`);
       while (ttl > 300) {
         await new Promise((r) => setTimeout(r, 50));
