@@ -20,7 +20,8 @@
 // bench/lockers.ts, `scripts-empty`, `scripts-no-fencing`, `scripts-no-announcement` and
 // `scripts-hold-count-only` are the bare scripts with parts taken out (bench/our-scripts.ts), which
 // tells what each part costs in time; `nestjs-locked-hold-count-only` is LockService keeping only the
-// hold count (see holdCountOnlyService).
+// hold count (see holdCountOnlyService); `nestjs-locked-store` is nestjs-locked's store driven
+// without LockService (see storeOnly).
 // Each kind's `vsRaw` is the median over the rounds of its pairs/s over the raw limit's in the same
 // round (when `raw` is one of the kinds).
 // PROFILE_ALLOC=1 also counts the bytes the Node process allocates per sequential pair, by function
@@ -33,7 +34,8 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
-import { RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
+import { RedisLockStore } from '../lib/store/redis/redis-lock.store.js';
 import { RedisScript } from '../lib/store/redis/redis-script.js';
 import { startHttpApp } from './http-app-child.js';
 import { LockService } from '../lib/index.js';
@@ -44,7 +46,7 @@ import { median, round } from './stats.js';
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
 const SEQUENTIAL_PAIRS = Number(process.env.PROFILE_PAIRS ?? 4_000);
-type Kind = LockerKind | ScriptVariant | 'nestjs-locked-hold-count-only';
+type Kind = LockerKind | ScriptVariant | 'nestjs-locked-hold-count-only' | 'nestjs-locked-store';
 const KINDS = (process.env.PROFILE_KINDS ?? 'raw,scripts,nestjs-locked').split(',') as Kind[];
 const SCENARIOS = (process.env.PROFILE_SCENARIOS ?? '1,2,4').split(',').map(Number);
 const HTTP_ENDPOINTS = ['none', 'locked', 'manual', 'service'] as const;
@@ -87,8 +89,37 @@ async function holdCountOnlyService(url: string): Promise<Locker> {
   return serviceLocker(new LockService({ redis: client, waitMs: Infinity, fencingTokens: false }), undefined, () => client.quit());
 }
 
+/**
+ * nestjs-locked's store (RedisLockStore, the layer that sends the scripts: its bookkeeping of steps
+ * in flight, the script wrapper, the reply's reading) driven directly with the requests LockService
+ * makes for an uncontended acquire and release, without LockService: tells what the store costs on
+ * top of the bare scripts (`scripts`) from what LockService costs on top of the store.
+ */
+async function storeOnly(url: string): Promise<Locker> {
+  const client = new Redis(url);
+  const store = new RedisLockStore(client, false, 'lock:', { debug: () => undefined, warn: () => undefined }, undefined, FENCE_COUNTER_TTL_MS);
+  await store.ready(5_000);
+  const holdsHere = () => undefined;
+  // As LockService's release of a last hold passes one (nothing waits here, so it is never read).
+  const takeAlong = { noticed: Promise.resolve() };
+  let owner = 0;
+  return {
+    acquire: async (key) => {
+      const id = `store-${++owner}`;
+      const r = await store.acquire({ key, owner: id, leaseMs: 30_000, mode: 'exclusive', holdsHere });
+      if (!r.granted) throw new Error(`store kind: "${key}" was not granted`);
+      return async () => void (await store.release(key, id, 'exclusive', takeAlong, holdsHere, false));
+    },
+    close: async () => {
+      await store.close();
+      await client.quit();
+    },
+  };
+}
+
 function makeKind(kind: Kind, url: string): Promise<Locker> {
   if (kind === 'nestjs-locked-hold-count-only') return holdCountOnlyService(url);
+  if (kind === 'nestjs-locked-store') return storeOnly(url);
   if (kind in SCRIPT_VARIANTS) {
     const variant = SCRIPT_VARIANTS[kind as ScriptVariant];
     return scriptsLocker(url, variant.acquire, variant.release);
