@@ -15,6 +15,7 @@ describe('key templates', () => {
     ['order:0>', /has a ">" without a matching "<"/],
     ['order:<<0>>', /"<" inside the placeholder/],
     ['order:{<0>}', /contains "\{" in its literal text/],
+    ['order:<0>}', /contains "\}" in its literal text/],
     ['100%:<0>', /contains "%" in its literal text/],
     ['', /must be a non-empty string/],
   ])('rejects %j when the class is defined', (source, message) => {
@@ -66,6 +67,8 @@ describe('key templates', () => {
     expect(parse('t:<0.from.id>-<1>').resolve([{ from: { id: 'x' } }, 7n])).toBe('t:x-7');
     expect(parse('flag:<0>').resolve([false])).toBe('flag:false');
     expect(parse('v:<0>').resolve(['a%b:c{d}e'])).toBe('v:a%25b%3Ac%7Bd%7De');
+    // A function's properties too (a class passed as an argument, say).
+    expect(parse('job:<0.jobName>').resolve([Object.assign(() => undefined, { jobName: 'report' })])).toBe('job:report');
   });
 
   it('never lets two different argument lists of two templates share a key through ":"', () => {
