@@ -358,6 +358,19 @@ describe('LockModule', () => {
     }
   });
 
+  it('never keeps a process alive by its locks: an application on the memory store that ends without close() exits, holding a lock', async () => {
+    // The watchdog's timer, armed for the held lock's renewal (and left armed after a release), is unref'd.
+    const child = new Fixture('memory-holder', []);
+    try {
+      expect(await child.next('holding')).toEqual({ type: 'holding', holdCount: 1 });
+      let bound: NodeJS.Timeout | undefined;
+      const stillRunning = new Promise((resolve) => (bound = setTimeout(() => resolve('still running 10 s after it ended'), 10_000)));
+      expect(await Promise.race([child.exited, stillRunning]).finally(() => clearTimeout(bound))).toEqual({ code: 0, signal: null });
+    } finally {
+      await child.stop();
+    }
+  });
+
   it('wakes waiting acquisitions at shutdown (one key, several keys): they fail at once and leave the fair queue and the waiting writers first', async () => {
     const holder = await startLockApp({ redis: redis.url });
     const waiter = await startLockApp({ redis: redis.url });
