@@ -797,7 +797,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
             waitId,
             holdsHere: this.countHolds,
           }
-        : { key, owner, leaseMs: o.leaseMs, mode: o.mode, holdsHere: this.countHolds },
+        : { key, owner, leaseMs: o.leaseMs, mode: o.mode, queueTimeoutMs: this.options.fairQueueTimeoutMs, holdsHere: this.countHolds },
     );
     const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
       late.granted ? this.giveBackHold(key, owner, o.mode) : undefined,

@@ -122,7 +122,7 @@ export interface AcquireRequest {
   mode?: LockMode;
   /** First come, first served: refused attempts queue up (see the fair scripts). */
   fair?: boolean;
-  /** Fair mode: how long a queued place survives without a new attempt. */
+  /** Fair mode, and a refused writer (read-write mode): how long its place survives without a new attempt. */
   queueTimeoutMs?: number;
   /** Fair mode: the lease a release hands this owner the lock with (default min(leaseMs, queueTimeoutMs)). */
   handoverLeaseMs?: number;

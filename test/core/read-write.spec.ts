@@ -6,7 +6,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { Locked, LockModule, LockNotAcquiredError, LockService, LockUpgradeError, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('read-write locks', () => {
@@ -129,6 +129,28 @@ describe('read-write locks', () => {
     stop = true;
     await Promise.all(readers);
     expect(waited).toBeLessThan(1_000);
+  });
+
+  it('keeps a waiting writer\'s place for fairQueueTimeoutMs, and for as long as it waits, behind a reader whose lease is 3 of those', async () => {
+    // The place lasts fairQueueTimeoutMs (1 s here) from each attempt, and the writer comes back
+    // every half of it, not at the end of the reader's 3 s lease: its place never lapses, so new
+    // readers stay out past the first place's end.
+    const r = await app.locks.readLock('rw:place', { leaseMs: 3_000, watchdog: true });
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'rw:place');
+    const writing = elsewhere(() => app.locks.writeLock('rw:place', { waitMs: 10_000 }));
+    try {
+      const { owner } = await contended;
+      const redisNowMs = async () => { const [s, us] = await raw.time(); return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
+      const firstPlaceEnds = Number(await raw.zscore('lock:{rw:place}:writers', owner));
+      expect(firstPlaceEnds - (await redisNowMs())).toBeLessThanOrEqual(1_000);
+      await until(async () => (await redisNowMs()) > firstPlaceEnds + 100, 5_000, 'Redis\'s clock never passed the first place\'s end');
+      expect(await canRead('rw:place')).toBe(false);
+      expect(Number(await raw.zscore('lock:{rw:place}:writers', owner))).toBeGreaterThan(firstPlaceEnds);
+    } finally {
+      // Also when a check above failed: the writer's renewals must not reach the next test.
+      await r.release();
+      await (await writing).release();
+    }
   });
 
   it('removes a writer that gave up from the waiting writers, letting readers in again', async () => {
