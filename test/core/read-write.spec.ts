@@ -5,6 +5,7 @@ import { Test } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { Locked, LockModule, LockNotAcquiredError, LockService, LockUpgradeError, type LockLostError } from '../../lib/index.js';
+import type { LockStore } from '../../lib/store/lock-store.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
@@ -150,6 +151,61 @@ describe('read-write locks', () => {
       // Also when a check above failed: the writer's renewals must not reach the next test.
       await r.release();
       await (await writing).release();
+    }
+  });
+
+  it('lets a writer take the read side of its own lock (downgrade) while another writer waits', async () => {
+    const w = await app.locks.writeLock('rw:downgrade-waiting');
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'rw:downgrade-waiting');
+    const other = elsewhere(() => app.locks.writeLock('rw:downgrade-waiting', { waitMs: 5_000 }));
+    try {
+      await contended;
+      const read = await w.run(() => app.locks.readLock('rw:downgrade-waiting', { waitMs: 0 }));
+      expect(read.holdCount).toBe(1);
+      await read.release();
+    } finally {
+      await w.release();
+      await (await other).release();
+    }
+  });
+
+  it('takes a writer that waited out of the waiting writers when it gets the lock: readers get in right after its release', async () => {
+    const r = await app.locks.readLock('rw:waited');
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'rw:waited');
+    const writing = elsewhere(() => app.locks.writeLock('rw:waited', { waitMs: 5_000 }));
+    await contended;
+    await r.release();
+    const w = await writing;
+    try {
+      expect(await raw.zcard('lock:{rw:waited}:writers')).toBe(0);
+    } finally {
+      await w.release();
+    }
+    expect(await canRead('rw:waited')).toBe(true);
+  });
+
+  it('gives a read lock the longest lease of its readers', async () => {
+    const a = await app.locks.readLock('rw:ttl', { leaseMs: 1_000 });
+    const first = await raw.pttl('lock:{rw:ttl}');
+    expect(first).toBeGreaterThan(0);
+    expect(first).toBeLessThanOrEqual(1_000);
+    const b = await elsewhere(() => app.locks.readLock('rw:ttl', { leaseMs: 5_000 }));
+    expect(await raw.pttl('lock:{rw:ttl}')).toBeGreaterThan(1_000);
+    await a.release();
+    await b.release();
+  });
+
+  it('lets the waiting writers of a writer that never came back expire 2 place timeouts after its attempt', async () => {
+    const r = await app.locks.readLock('rw:ghost');
+    // The attempt of a writer whose process then crashed: it neither tries again nor leaves.
+    const store = (app.locks as unknown as { store: LockStore }).store;
+    try {
+      expect(await store.acquire({ key: 'rw:ghost', owner: 'ghost', leaseMs: 5_000, mode: 'write', queueTimeoutMs: 300 })).toMatchObject({ granted: false });
+      expect(await raw.zscore('lock:{rw:ghost}:writers', 'ghost')).not.toBeNull();
+      await until(async () => (await raw.exists('lock:{rw:ghost}:writers')) === 0, 5_000, 'the waiting writers outlived 2 place timeouts of 300 ms');
+      expect(r.isHeld).toBe(true);
+    } finally {
+      await r.release();
     }
   });
 

@@ -62,6 +62,49 @@ describe('fair mode', () => {
     }
   });
 
+  it('hands a lock whose lease ran out to the waiter at the head of the queue, not to a newcomer (no release handed it over)', async () => {
+    const key = 'fair:expired';
+    // The waiter's place lasts 20 s, so it stays at the head while the waiter is stopped.
+    const child = new Fixture('fair-waiter', [redis.url, key, '20000']);
+    try {
+      await child.next('ready');
+      await app.locks.acquire(key, { fair: true, leaseMs: 300 }); // never released: its lease ends
+      child.send({ type: 'wait', id: 1 });
+      await child.next('queued');
+      child.kill('SIGSTOP'); // it cannot try again when the lease ends
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 5_000, 'the lease never ended');
+      expect(await app.locks.tryAcquire(key, { fair: true })).toBeNull();
+      // The newcomer's attempt handed the free lock to the head, and left the queue when refused.
+      expect(await raw.hget(`lock:{${key}}`, 'waiter-1')).toBe('1');
+      expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual([]);
+      child.kill('SIGCONT');
+      await child.next('granted', (m) => m.id === 1);
+    } finally {
+      child.kill('SIGCONT');
+      await child.stop();
+    }
+  });
+
+  it('lets the queue of a crashed waiter expire 2 queue timeouts after its last attempt, while the lock stays held', async () => {
+    const key = 'fair:orphan-queue';
+    const child = new Fixture('fair-waiter', [redis.url, key, '300']);
+    try {
+      await child.next('ready');
+      const holder = await app.locks.acquire(key, { fair: true });
+      child.send({ type: 'wait', id: 7 });
+      await child.next('queued');
+      child.kill('SIGKILL');
+      await child.exited;
+      const queue = [`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`];
+      expect(await raw.exists(...queue)).toBe(3);
+      await until(async () => (await raw.exists(...queue)) === 0, 5_000, 'the queue outlived 2 queue timeouts of 300 ms');
+      expect(holder.isHeld).toBe(true);
+      await holder.release();
+    } finally {
+      await child.stop();
+    }
+  });
+
   it('leaves no queue entry and no subscription behind an aborted or timed-out wait', async () => {
     const key = 'fair:abort';
     const holder = await app.locks.acquire(key, { fair: true });
@@ -169,6 +212,25 @@ describe('fair mode', () => {
       } finally {
         await quick.close();
       }
+    });
+
+    it('counts a fair re-entry into a handed-over lock as a re-entry (`:handed` still names its holder): the inner release leaves it held', async () => {
+      const key = 'fair:handover-reentered';
+      const holder = await other.locks.acquire(key, { fair: true });
+      const { waiting, owner } = await queuedWaiter(key);
+      await holder.release();
+      const lock = await waiting;
+      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe(owner);
+      await lock.run(async () => {
+        const inner = await patient.locks.acquire(key, { fair: true });
+        expect(inner.holdCount).toBe(2);
+        expect(await raw.hget(`lock:{${key}}`, owner)).toBe('2');
+        await inner.release();
+      });
+      expect(lock.isHeld).toBe(true);
+      expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
+      await lock.release();
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
     });
 
     it('lets a waiter that missed the message take the grant as its own on its next attempt, not as a re-entry', async () => {
