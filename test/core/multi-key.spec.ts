@@ -4,7 +4,7 @@ import { Test } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { aborted, CapturingLogger, nextEvent, signalHooks, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('multi-key locks', () => {
@@ -80,6 +80,19 @@ describe('multi-key locks', () => {
       expect(await held('r:2')).toBe(1); // the nested acquire above was not released on purpose
     });
     await raw.del('lock:{r:2}');
+  });
+
+  it('lengthens a fixed lease when a group re-enters keys with a longer one: every key stays held past the outer lease', async () => {
+    await app.locks.run(['rl:1', 'rl:2'], async (outer) => {
+      const inner = await app.locks.acquire(['rl:2', 'rl:1'], { leaseMs: 3_000 });
+      expect(inner.handles.map((h) => h.holdCount)).toEqual([2, 2]);
+      const pastOuterLease = performance.now() + 600;
+      await until(async () => performance.now() > pastOuterLease, 5_000, 'the clock stood still');
+      expect(outer.isHeld).toBe(true);
+      for (const key of ['rl:1', 'rl:2']) expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(1_000);
+      await inner.release();
+    }, { leaseMs: 400 });
+    expect(await held('rl:1', 'rl:2')).toBe(0);
   });
 
   it('renews every key and aborts the group\'s signal when any key is lost', async () => {

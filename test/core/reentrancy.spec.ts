@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 import { CapturingLogger, gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
@@ -83,6 +83,20 @@ describe('owners and reentrancy', () => {
     expect(await redis.shared().hget(`lock:{${key}}`, field(outer.owner))).toBe('1');
     expect(outer.signal.aborted).toBe(false);
     await outer.release();
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('lengthens a fixed lease when a re-entry asks for a longer one: the outer handle stays held past its own lease', async () => {
+    const key = 'reentrant:fixed';
+    await app.locks.run(key, async (outer) => {
+      const inner = await app.locks.acquire(key, { leaseMs: 3_000 });
+      expect(inner.holdCount).toBe(2);
+      const pastOuterLease = performance.now() + 600;
+      await until(async () => performance.now() > pastOuterLease, 5_000, 'the clock stood still');
+      expect(outer.isHeld).toBe(true);
+      expect(await redis.client().pttl(`lock:{${key}}`)).toBeGreaterThan(1_000);
+      await inner.release();
+    }, { leaseMs: 400 });
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 
