@@ -2,7 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
 import type { RedisServer } from '../support/redis-server.js';
-import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('LockService.health()', () => {
   let redis: RedisServer;
@@ -27,5 +27,18 @@ describe('LockService.health()', () => {
       redis.resume();
     }
     expect((await app.locks.health()).status).toBe('up');
+  });
+
+  it('is down once the application has shut down, without asking Redis (a readiness probe during shutdown)', async () => {
+    const closing = await startLockApp({ redis: redis.url });
+    await closing.locks.acquire('h:closing');
+    await closing.close();
+    expect(await closing.locks.health()).toEqual({
+      status: 'down',
+      store: expect.stringMatching(/^redis 127\.0\.0\.1:\d+$/),
+      heldLocks: 0,
+      renewalOverdueMs: 0,
+      error: 'the lock module has shut down',
+    });
   });
 });

@@ -94,3 +94,45 @@ describe('releases that fail in an outage', () => {
     expect(lines('error')).toHaveLength(1);
   });
 });
+
+describe('errors of a connection the module opened', () => {
+  let redis: RedisServer;
+  let app: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    app = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await redis?.stop();
+  });
+
+  it('are logged once per message while they repeat, and once more after the connection was ready again', async () => {
+    const client = (app.locks as unknown as { store: { client: Redis } }).store.client;
+    const warnings = () =>
+      app.logger.entries.filter((e) => e.level === 'warn' && e.context === 'LockService' && e.message.startsWith('Redis connection:')).map((e) => e.message);
+    // Resolves once ioredis has failed to reconnect `n` times (the server is gone: connection refused).
+    const refused = (n: number) =>
+      new Promise<void>((resolve) => {
+        let seen = 0;
+        const on = (e: Error) => {
+          if (!e.message.includes('ECONNREFUSED') || ++seen < n) return;
+          client.off('error', on);
+          resolve();
+        };
+        client.on('error', on);
+      });
+    let failing = refused(3);
+    await redis.kill();
+    await failing;
+    expect(warnings().filter((m) => m.includes('ECONNREFUSED'))).toHaveLength(1);
+    const ready = new Promise((resolve) => client.once('ready', resolve));
+    await redis.launch();
+    await ready;
+    failing = refused(2);
+    await redis.kill();
+    await failing;
+    expect(warnings().filter((m) => m.includes('ECONNREFUSED'))).toHaveLength(2);
+    await redis.launch();
+  });
+});

@@ -67,6 +67,11 @@ class Ledger {
     return name;
   }
 
+  @Locked('sync:<0>')
+  failAtOnce(name: string): string {
+    throw new Error(`refused ${name}`);
+  }
+
   @Locked('feed:<0>', { waitMs: 30_000 })
   watchPatiently(name: string): Observable<number> {
     return new Observable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
@@ -172,6 +177,11 @@ describe('@Locked on provider methods called directly', () => {
     expect(await ledger.quickJob('q1')).toBe('q1');
   });
 
+  it('releases the lock of a method that throws before returning (not async), and rejects with its error', async () => {
+    await expect(ledger.failAtOnce('S1')).rejects.toThrow('refused S1');
+    expect(await locks.isLocked('sync:S1')).toBe(false);
+  });
+
   it('takes the lock of a declared Observable on subscribe and holds it until completion', async () => {
     const stream = ledger.watch('F1');
     expect(await locks.isLocked('feed:F1')).toBe(false); // nothing until subscribed
@@ -199,6 +209,18 @@ describe('@Locked on provider methods called directly', () => {
     subscription.unsubscribe();
     await released;
     expect(await locks.isLocked('feed:F2')).toBe(false);
+  });
+
+  it("gives back an Observable's lock granted after its subscriber left (the attempt was on its way), without running the method", async () => {
+    let ran = false;
+    onFeedSubscribed = () => (ran = true);
+    const acquired = nextEvent(locks.events$, 'acquired', (e) => e.key === 'feed:F6');
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F6');
+    ledger.watch('F6').subscribe().unsubscribe(); // the attempt was sent inside subscribe()
+    await acquired;
+    await released;
+    expect(ran).toBe(false);
+    expect(await locks.isLocked('feed:F6')).toBe(false);
   });
 
   it('holds the lock of an Observable the method does not declare from the call until it ends, and warns once per method', async () => {
