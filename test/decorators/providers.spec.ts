@@ -3,8 +3,8 @@ import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { firstValueFrom, isObservable, Observable, Subject, toArray } from 'rxjs';
-import { Locked, LockConfigurationError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { firstValueFrom, isObservable, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
+import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { CapturingLogger, elsewhere, gate, nextEvent } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
@@ -15,6 +15,13 @@ feeds.set('F2', new Subject<number>());
 feeds.set('F3', new Subject<number>());
 feeds.set('F4', new Subject<number>());
 feeds.set('F5', new Subject<number>());
+feeds.set('F7', new Subject<number>());
+/** The Observable class of another copy of rxjs (a second install): not rxjs's own class, but named Observable. */
+const OtherObservable = (() => {
+  class Observable<T> extends RxObservable<T> {}
+  return Observable;
+})();
+type OtherObservable<T> = RxObservable<T>;
 let onFeedSubscribed: (() => void) | undefined;
 let calls = 0;
 
@@ -84,6 +91,11 @@ class Ledger {
   }
 
   @Locked('feed:<0>')
+  watchOtherCopy(name: string): OtherObservable<number> {
+    return new OtherObservable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
+  }
+
+  @Locked('feed:<0>')
   watch(name: string): Observable<number> {
     return new Observable<number>((subscriber) => {
       onFeedSubscribed?.();
@@ -144,6 +156,12 @@ describe('@Locked on provider methods called directly', () => {
     expect(await ledger.ship({ region: 'eu', id: 5 })).toBe('order:eu:5');
   });
 
+  it("refuses a key function's key that cannot be a lock key before Redis, naming the method", async () => {
+    const failure = await ledger.ship({ region: 'eu{1}', id: 5 }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(LockKeyError);
+    expect((failure as Error).message).toMatch(/^@Locked on Ledger\.ship \(key function\): lock key "order:eu\{1\}:5" contains "\{" or "\}"/);
+  });
+
   it('calls a key function written with function with the instance as this', async () => {
     expect(await ledger.postToBook('A7')).toBe('eu-book:A7');
   });
@@ -197,6 +215,19 @@ describe('@Locked on provider methods called directly', () => {
     expect(await values).toEqual([1, 2]);
     await released;
     expect(await locks.isLocked('feed:F1')).toBe(false);
+  });
+
+  it('recognises a declared Observable of another copy of rxjs by its class name: its lock is taken on subscribe', async () => {
+    const stream = ledger.watchOtherCopy('F7');
+    expect(isObservable(stream)).toBe(true); // not a Promise
+    expect(await locks.isLocked('feed:F7')).toBe(false);
+    const values = firstValueFrom(stream.pipe(toArray()));
+    await until(async () => locks.isLocked('feed:F7'), 5_000, 'never locked on subscribe');
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F7');
+    feeds.get('F7')!.next(3);
+    feeds.get('F7')!.complete();
+    expect(await values).toEqual([3]);
+    await released;
   });
 
   it('releases an Observable\'s lock when the subscriber unsubscribes', async () => {
