@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { OUTAGE_LOG_INTERVAL_MS, OutageLog } from '../../lib/internal/outage-log.js';
 import { RedisServer } from '../support/redis-server.js';
-import { gate, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { gate, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('OutageLog: a flood of one failure is logged at most once per interval', () => {
   function subject() {
@@ -98,14 +98,7 @@ describe('releases that fail in an outage', () => {
 describe('errors of a connection the module opened', () => {
   let redis: RedisServer;
   let app: LockApp;
-  beforeAll(async () => {
-    redis = await RedisServer.start();
-    app = await startLockApp({ redis: redis.url });
-  });
-  afterAll(async () => {
-    await app?.close();
-    await redis?.stop();
-  });
+  usePrivateLockApp({}, (started) => ({ redis, app } = started));
 
   it('are logged once per message while they repeat, and once more after the connection was ready again', async () => {
     const client = (app.locks as unknown as { store: { client: Redis } }).store.client;
