@@ -719,6 +719,8 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     expect(handle.holdCount).toBe(1);
     // A node that answered after the quorum corrects its count after that too.
     await heldOnEveryNode(key, handle.owner, 1, 'one hold on every node');
+    // The acquisition cut every link: the release must not be queued behind a reconnection.
+    await everyNodeBack();
     const seen: string[] = [];
     const subscription = app.locks.events$.subscribe((e) => e.key === key && seen.push(e.type));
     await stepWithReplyLost(
