@@ -64,14 +64,18 @@ describe('fair mode', () => {
 
   it('hands a lock whose lease ran out to the waiter at the head of the queue, not to a newcomer (no release handed it over)', async () => {
     const key = 'fair:expired';
+    // The holder is another process, killed, so nothing of it can release the lock (a holder that
+    // lives gives its hold back when its lease runs out locally, and that release hands the lock over).
+    const holder = new Fixture('fenced-holder', [redis.url, key, '1000']);
     // The waiter's place lasts 20 s, so it stays at the head while the waiter is stopped.
     const child = new Fixture('fair-waiter', [redis.url, key, '20000']);
     try {
-      await child.next('ready');
-      await app.locks.acquire(key, { fair: true, leaseMs: 300 }); // never released: its lease ends
+      await Promise.all([holder.next('holding'), child.next('ready')]);
       child.send({ type: 'wait', id: 1 });
       await child.next('queued');
       child.kill('SIGSTOP'); // it cannot try again when the lease ends
+      holder.kill('SIGKILL');
+      await holder.exited;
       await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 5_000, 'the lease never ended');
       expect(await app.locks.tryAcquire(key, { fair: true })).toBeNull();
       // The newcomer's attempt handed the free lock to the head, and left the queue when refused.
@@ -81,7 +85,7 @@ describe('fair mode', () => {
       await child.next('granted', (m) => m.id === 1);
     } finally {
       child.kill('SIGCONT');
-      await child.stop();
+      await Promise.all([holder.stop(), child.stop()]);
     }
   });
 
