@@ -102,6 +102,11 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * that grant, and a fresh acquisition would read as a re-entry (hold count 2, `reentered`).
    */
   private readonly givenUp = new Map<string, Promise<void>>();
+  /**
+   * Acquisitions in progress by held-lock id (owner, key, side), for `markLost`: a lock lost while
+   * its owner is acquiring it again must not be taken back (see there).
+   */
+  private readonly acquiringIds = new Map<string, number>();
   private lastAcquisitionEnded: (() => void) | undefined;
 
   /**
@@ -419,6 +424,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     let contended = false;
     let sleep: ReturnType<LockService['sleepSignal']> | undefined;
     this.acquiring++;
+    const ids = keys.map((key) => heldLockId(context.owner, key, 'exclusive'));
+    this.acquisitionStarted(ids);
     try {
       for (;;) {
         o.signal?.throwIfAborted();
@@ -464,7 +471,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     } finally {
       sleep?.dispose();
       watch?.on.close();
-      this.acquisitionEnded();
+      this.acquisitionEnded(ids);
     }
   }
 
@@ -625,6 +632,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     }
     o.signal?.throwIfAborted();
     this.acquiring++;
+    const ids = [heldLockId(context.owner, key, o.mode)];
+    this.acquisitionStarted(ids);
     try {
       const started = this.time.now();
       const deadline = started + o.waitMs;
@@ -712,7 +721,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (!granted) await this.abandon(key, context.owner, o);
       }
     } finally {
-      this.acquisitionEnded();
+      this.acquisitionEnded(ids);
     }
   }
 
@@ -725,7 +734,16 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     return o.signal ? anySignal([o.signal, this.shutdown.signal]) : { signal: this.shutdown.signal, dispose: () => undefined };
   }
 
-  private acquisitionEnded(): void {
+  private acquisitionStarted(ids: readonly string[]): void {
+    for (const id of ids) this.acquiringIds.set(id, (this.acquiringIds.get(id) ?? 0) + 1);
+  }
+
+  private acquisitionEnded(ids: readonly string[]): void {
+    for (const id of ids) {
+      const left = this.acquiringIds.get(id)! - 1;
+      if (left > 0) this.acquiringIds.set(id, left);
+      else this.acquiringIds.delete(id);
+    }
     if (--this.acquiring === 0) this.lastAcquisitionEnded?.();
   }
 
@@ -1104,7 +1122,14 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   /**
    * The lock is not ours any more: forget it, report it once, abort its signal. When our hold may
    * still be in Redis (the lease ran out locally, or shutdown), take it back so it does not linger;
-   * that command is sent before anything else this owner could send for the key.
+   * that command is sent before anything else this owner could send for the key from now on.
+   *
+   * Not when the lease ran out while this owner is acquiring the same lock again (a re-entry whose
+   * attempt is in flight, or a wait): Redis runs the take-back after that attempt, or after a
+   * handover to that wait, and would delete the hold it granted, which the owner then believes it
+   * has while another owner takes the lock. The old hold then lasts until its lease ends in Redis
+   * (at once, unless a renewal ran there that the watchdog did not hear back from). At shutdown the
+   * take-back is sent anyway: a grant that comes back then is given back too (see `granted`).
    */
   private markLost(lock: HeldLock, reason: LockLossReason): Promise<void> {
     if (lock.lost) return Promise.resolve();
@@ -1112,7 +1137,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     lock.setLost(error);
     this.forget(lock);
     const cleanup =
-      reason === 'taken'
+      reason === 'taken' || (reason === 'lease-expired' && this.acquiringIds.has(lock.id))
         ? Promise.resolve()
         : this.store.releaseAll(lock.key, lock.owner, lock.mode).then(
             () => undefined,

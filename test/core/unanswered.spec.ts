@@ -1,4 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
+import { AsyncResource } from 'node:async_hooks';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, type LockGroup, type LockHandle, type LockLostError } from '../../lib/index.js';
 import { until, type RedisServer } from '../support/redis-server.js';
@@ -16,6 +17,7 @@ describe('steps that Redis does not answer', () => {
   let redis: RedisServer;
   let app: LockApp;
   usePrivateLockApp({ leaseMs: 30_000 }, (started) => ({ redis, app } = started));
+  const outside = new AsyncResource('another-owner');
 
   /** Awaits `during` (which freezes Redis), then resumes Redis whatever happened. */
   async function frozen<T>(during: () => Promise<T>): Promise<T> {
@@ -133,6 +135,39 @@ describe('steps that Redis does not answer', () => {
     expect(next.signal.aborted).toBe(false);
     expect(app.logger.at('warn').filter((m) => m.includes('frozen:late'))).toHaveLength(1);
     await next.release();
+  });
+
+  it.each([
+    ['a plain', {}],
+    ['a fair', { fair: true }],
+  ])("%s lock whose fixed lease runs out while its owner's re-entry waits for Redis is not taken back from under the hold that re-entry is then granted", async (_, kind) => {
+    const key = `frozen:reentry:${'fair' in kind ? 'fair' : 'plain'}`;
+    const outer = await app.locks.acquire(key, { ...kind, leaseMs: 200 });
+    const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === key && e.owner === outer.owner, 5_000);
+    let inner: LockHandle;
+    try {
+      inner = await frozen(() =>
+        outer.run(async () => {
+          redis.pause();
+          // Sent while the outer lock is held here: a re-entry, which Redis answers only once
+          // it runs again, after the outer lease has run out here.
+          const reentry = app.locks.acquire(key, kind);
+          expect((await lost).reason).toBe('lease-expired');
+          redis.resume();
+          return reentry;
+        }),
+      );
+    } finally {
+      redis.resume();
+    }
+    try {
+      // The owner holds the lock through the new handle, and Redis agrees: no other owner gets it.
+      expect(inner.signal.aborted).toBe(false);
+      expect(await app.locks.holdCount(key, { owner: inner.owner })).toBeGreaterThanOrEqual(1);
+      expect(await outside.runInAsyncScope(() => app.locks.tryAcquire(key, kind))).toBeNull();
+    } finally {
+      await inner.release();
+    }
   });
 
   it('a fair waiter and a waiting writer whose wait ends while Redis does not answer reject with LockBackendError (leaving their queue is not waited for)', async () => {
