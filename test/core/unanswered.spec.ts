@@ -2,8 +2,9 @@ import { describe, expect, it } from '@jest/globals';
 import { AsyncResource } from 'node:async_hooks';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, type LockGroup, type LockHandle, type LockLostError } from '../../lib/index.js';
+import type { Redis } from 'ioredis';
 import { until, type RedisServer } from '../support/redis-server.js';
-import { asleep, nextEvent, nextEvents, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
+import { asleep, nextEvent, nextEvents, stallInTimer, usePrivateLockApp, waitRegistered, within, type LockApp } from '../support/lock-testing.js';
 
 /** Every step a caller awaits gives up after this long; the rejection says so. */
 const BOUND = /^Redis failed during \w+ of "[^"]+": no answer within 1000 ms\./;
@@ -16,7 +17,8 @@ const BOUND = /^Redis failed during \w+ of "[^"]+": no answer within 1000 ms\./;
 describe('steps that Redis does not answer', () => {
   let redis: RedisServer;
   let app: LockApp;
-  usePrivateLockApp({ leaseMs: 30_000 }, (started) => ({ redis, app } = started));
+  let raw: Redis;
+  usePrivateLockApp({ leaseMs: 30_000 }, (started) => ({ redis, raw, app } = started));
   const outside = new AsyncResource('another-owner');
 
   /** Awaits `during` (which freezes Redis), then resumes Redis whatever happened. */
@@ -165,6 +167,40 @@ describe('steps that Redis does not answer', () => {
       expect(inner.signal.aborted).toBe(false);
       expect(await app.locks.holdCount(key, { owner: inner.owner })).toBeGreaterThanOrEqual(1);
       expect(await outside.runInAsyncScope(() => app.locks.tryAcquire(key, kind))).toBeNull();
+    } finally {
+      await inner.release();
+    }
+  });
+
+  it("a fair lock whose fixed lease runs out here while its owner waits for it again is not taken back from under the handover that wait is given", async () => {
+    const key = 'frozen:reentry:wait';
+    const outer = await app.locks.acquire(key, { fair: true, leaseMs: 1_500 });
+    const acquiredAt = performance.now();
+    // Redis loses the lock (as a failover to a replica that missed it would), and another owner
+    // takes it; nothing tells this one (a fixed lease is not renewed).
+    expect(await raw.del(`lock:{${key}}`)).toBe(1);
+    const holder = await outside.runInAsyncScope(() => app.locks.acquire(key, { fair: true }));
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner === outer.owner);
+    // Its owner asks for the lock again, and waits (it sleeps 2.5 s between attempts: half its handover lease).
+    const waiting = outer.run(() => app.locks.acquire(key, { fair: true, waitMs: 10_000 }));
+    await contended;
+    await waitRegistered(raw, key, outer.owner);
+    expect(outer.signal.aborted).toBe(false);
+    // Redis runs the holder's release, which hands the lock to the waiter, 300 ms from now, while
+    // this process is stalled until the outer lease has run out here. Right after the stall, before
+    // this process reads the handover message, reading the outer signal finds the loss.
+    const pausedAt = performance.now();
+    await raw.client('PAUSE', 300, 'ALL');
+    const released = holder.release();
+    let lostAfterStall = false;
+    await stallInTimer(Math.max(acquiredAt + 1_600, pausedAt + 500) - performance.now(), () => (lostAfterStall = outer.signal.aborted));
+    await released;
+    expect(lostAfterStall).toBe(true);
+    const inner = await waiting;
+    try {
+      expect(inner.signal.aborted).toBe(false);
+      expect(await app.locks.holdCount(key, { owner: inner.owner })).toBe(1);
+      expect(await outside.runInAsyncScope(() => app.locks.tryAcquire(key, { fair: true }))).toBeNull();
     } finally {
       await inner.release();
     }

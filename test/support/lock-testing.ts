@@ -237,11 +237,12 @@ export async function stallAfterSending(ms: number): Promise<void> {
  * the stall waits for the next pass, behind the socket reads of everything Redis sent meanwhile
  * (stallAfterSending stalls after the reads, so such a timer fires first).
  */
-export async function stallInTimer(ms: number): Promise<void> {
+export async function stallInTimer(ms: number, then?: () => void): Promise<void> {
   await new Promise((resolve) => setImmediate(resolve));
   await new Promise<void>((resolve) =>
     setTimeout(() => {
       stall(ms);
+      then?.(); // still inside the callback: before those reads
       resolve();
     }, 0),
   );
