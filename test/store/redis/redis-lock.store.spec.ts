@@ -91,13 +91,18 @@ describe('RedisLockStore scripts', () => {
       const refused = await store.acquire({ key, owner: 'W', ...fair, waitId: watch.waitId });
       expect(refused).toMatchObject({ granted: false, lastToken: holder.fencingToken });
       watch.forgetGrant(refused.granted ? undefined : refused.lastToken);
-      // Asleep when two handovers' messages arrive, in order: one issued before the refused attempt
-      // ran (its token is not past what the attempt saw: void), then a later one.
-      const woke = watch.sleep(10_000);
+      // Asleep when a handover's message issued before the refused attempt ran arrives (its token
+      // is not past what the attempt saw: void), then a release's: the release is what wakes it.
       expect(holder.fencingToken).toBeGreaterThan(0);
+      const woke = watch.sleep(10_000);
+      await raw.publish(`lock:{${key}}`, `granted ${holder.fencingToken} ${watch.waitId} W`);
+      await raw.publish(`lock:{${key}}`, 'released');
+      expect(await woke).toBe('released');
+      // Asleep again when that void message and then a later handover's arrive, in order: the later one wakes it.
+      const wokeAgain = watch.sleep(10_000);
       await raw.publish(`lock:{${key}}`, `granted ${holder.fencingToken} ${watch.waitId} W`);
       await raw.publish(`lock:{${key}}`, `granted ${holder.fencingToken + 1} ${watch.waitId} W`);
-      expect(await woke).toBe('granted');
+      expect(await wokeAgain).toBe('granted');
       expect(watch.grantedToken).toBe(holder.fencingToken + 1);
     } finally {
       watch.close();
