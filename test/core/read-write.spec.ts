@@ -8,7 +8,7 @@ import { Locked, LockModule, LockNotAcquiredError, LockService, LockUpgradeError
 import type { LockStore } from '../../lib/store/lock-store.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { aborted, CapturingLogger, gate, nextEvent, nextEvents, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, asleep, CapturingLogger, gate, nextEvent, nextEvents, startLockApp, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
 describe('read-write locks', () => {
   let redis: RedisServer;
@@ -101,6 +101,26 @@ describe('read-write locks', () => {
     await contended;
     await w.release();
     await Promise.all(readers);
+    expect(inside).toBe(5);
+  });
+
+  it('wakes every waiting reader when the writer\'s application shuts down with the lock', async () => {
+    // Shutdown takes back every hold at once (releaseAll), not one hold at a time (release).
+    const writerApp = await startLockApp({ redis: redis.url });
+    await writerApp.locks.writeLock('rw:13', { leaseMs: 120_000 });
+    const allInside = gate();
+    let inside = 0;
+    // A reader left asleep sleeps until the writer's 120 s lease ends: only the release's message wakes it within 10 s.
+    const readers = Array.from({ length: 5 }, () =>
+      app.locks.run('rw:13', async () => {
+        if (++inside === 5) allInside.open();
+        await allInside.promise;
+      }, { mode: 'read', waitMs: 120_000 }),
+    );
+    // Asleep, not only refused once: a reader whose attempt is still in flight gets in without being woken.
+    await until(async () => asleep(app, 'rw:13') === 5, 10_000, 'the 5 readers asleep');
+    await writerApp.close();
+    await within(Promise.all(readers), 10_000);
     expect(inside).toBe(5);
   });
 

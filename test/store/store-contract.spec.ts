@@ -11,9 +11,10 @@ const quiet = { debug: () => undefined, warn: () => undefined };
 /**
  * The store steps themselves, the same sequence on the Redis store (its scripts) and on the memory
  * store, which claims the same semantics: what the public API cannot reach on demand (a fair lock
- * free with waiters queued, the head of the queue giving up, grants in a row with the clock
- * stopped). Where the two wake a waiter differently on purpose (Redis hands a fair lock over inside
- * the release, the memory store wakes the head to take it), the test names both.
+ * free with waiters queued, the head of the queue giving up, a take-back of every hold of a writer,
+ * grants in a row with the clock stopped). Where the two wake a waiter differently on purpose
+ * (Redis hands a fair lock over inside the release, the memory store wakes the head to take it),
+ * the test names both.
  */
 describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind) => {
   let redis: RedisServer | undefined;
@@ -128,5 +129,34 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await Promise.all(releases)).toEqual(releases.map(() => 0));
     const repeated = tokens.filter((t, i) => i > 0 && t <= tokens[i - 1]!);
     expect(repeated).toEqual([]);
+  });
+
+  it('wakes every waiting reader when a writer\'s holds are all taken back at once', async () => {
+    const key = 'contract:rw-all';
+    expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
+    const readers = [await queue(key, 'R1', { mode: 'read' }), await queue(key, 'R2', { mode: 'read' })];
+    const woke = readers.map((r) => r.sleep(10_000));
+    expect(await store.releaseAll(key, 'W', 'write')).toBe(true);
+    expect(await Promise.all(woke)).toEqual(['released', 'released']);
+    for (const r of readers) r.close();
+    for (const owner of ['R1', 'R2']) expect((await store.acquire({ key, owner, leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
+    expect((await store.inspect(key, undefined)).locked).toBe(false);
+  });
+
+  it('turns a write lock whose writer keeps only read holds into a read lock when its write holds are all taken back, waking the readers', async () => {
+    const key = 'contract:rw-downgrade';
+    expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    const reader = await queue(key, 'R', { mode: 'read' });
+    const woke = reader.sleep(10_000);
+    expect(await store.releaseAll(key, 'W', 'write')).toBe(true);
+    expect(await woke).toBe('released');
+    reader.close();
+    expect((await store.acquire({ key, owner: 'R', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write' })).granted).toBe(false);
+    expect(await store.releaseAll(key, 'R', 'read')).toBe(true);
+    expect(await store.releaseAll(key, 'W', 'read')).toBe(true);
+    expect((await store.inspect(key, undefined)).locked).toBe(false);
   });
 });

@@ -94,21 +94,14 @@ export class MemoryLockStore implements LockStore {
       return holds - 1;
     }
     lock.fields.delete(field);
-    if (mode === 'exclusive') {
-      if (lock.fields.size === 0) this.free(key, 'one');
-    } else if (lock.fields.size === 0) {
-      this.free(key, 'all');
-    } else if (lock.mode !== 'read' && mode === 'write') {
-      lock.mode = 'read'; // the writer left; only its own read holds remain
-      this.waiters.notifyEveryone(key);
-    }
+    this.fieldGone(key, lock, mode);
     return 0;
   }
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const lock = this.live(key);
     if (!lock?.fields.delete(holderField(owner, mode))) return false;
-    if (lock.fields.size === 0) this.free(key, mode === 'exclusive' ? 'one' : 'all');
+    this.fieldGone(key, lock, mode);
     return true;
   }
 
@@ -192,6 +185,22 @@ export class MemoryLockStore implements LockStore {
     const token = Math.max(last + 1, Math.floor((performance.timeOrigin + performance.now()) * 1000));
     this.fences.set(key, { last: token, expiresAt: t + 3_600_000 });
     return token;
+  }
+
+  /**
+   * The holder field of `mode` has just left `lock` (its last hold released, or all its holds): free
+   * the lock when nothing is left, or, when a writer leaves only its own read holds, make it a read
+   * lock. Read-write changes wake every waiter, as the scripts announce `all`.
+   */
+  private fieldGone(key: string, lock: MemoryLock, mode: LockMode): void {
+    if (mode === 'exclusive') {
+      if (lock.fields.size === 0) this.free(key, 'one');
+    } else if (lock.fields.size === 0) {
+      this.free(key, 'all');
+    } else if (lock.mode !== 'read' && mode === 'write') {
+      lock.mode = 'read'; // the writer left; only its own read holds remain
+      this.waiters.notifyEveryone(key);
+    }
   }
 
   /** The lock is free: announce it (the fair queue's head if there is one, else one or all waiters). */

@@ -311,15 +311,13 @@ export const RELEASE_TO = releaseScript(`if redis.call('exists', lock, queue) ==
 end
 `);
 /**
- * Drop every hold of one holder field (after a loss, at shutdown).
- * KEYS and ARGV as RELEASE, with ARGV[1] the hash field (owner, or owner:read).
- * Returns 1 when the field held the lock, else 0. A lock left with only its `:mode` is deleted.
+ * Drop every hold of an owner of an exclusive lock (after a loss, at shutdown).
+ * KEYS and ARGV as RELEASE. Returns 1 when the owner held the lock, else 0.
  */
 export const RELEASE_ALL = `
 ${freedKeys}
 local owner = ARGV[1]
 if redis.call('hdel', lock, owner, ':handed') == 0 then return 0 end
-if redis.call('hlen', lock) == 1 and redis.call('hexists', lock, ':mode') == 1 then redis.call('del', lock) end
 ${freed('ARGV[4]')}
 return 1
 `;
@@ -472,6 +470,23 @@ return {0, redis.call('pttl', lock)}
 `;
 
 /**
+ * Lua fragment: the hash field \`field\` of a read-write lock (KEYS[1], local \`lock\`) has just
+ * been deleted. A lock left with nothing but its \`:mode\` is deleted; a writer that leaves only its
+ * own read holds makes it a read lock. Either change lets others in and announces \`all\` (ARGV[3]
+ * on channel ARGV[2]), so every waiter retries and readers go in together.
+ */
+const rwFieldGone = `local left = redis.call('hlen', lock)
+local mode = redis.call('hget', lock, ':mode')
+if left == 0 or (left == 1 and mode) then
+  redis.call('del', lock)
+  redis.pcall(ARGV[3], ARGV[2], 'all')
+elseif not mode and string.sub(field, -5) ~= ':read' then
+  -- the writer left; only its own read holds remain
+  redis.call('hset', lock, ':mode', 'read')
+  redis.pcall(ARGV[3], ARGV[2], 'all')
+end`;
+
+/**
  * Drop one hold in read-write mode.
  * KEYS[1] lock hash. ARGV[1] hash field (owner for a write hold, owner:read for a read hold), ARGV[2] channel, ARGV[3] publish command,
  * ARGV[4] `1` when the caller still holds that side after this release (see keepLastHold).
@@ -485,17 +500,21 @@ local holds = redis.call('hget', lock, field)
 if not holds then return -1 end
 if tonumber(holds) > 1 then return redis.call('hincrby', lock, field, -1) end
 ${keepLastHold('ARGV[4]')}redis.call('hdel', lock, field)
-local left = redis.call('hlen', lock)
-local mode = redis.call('hget', lock, ':mode')
-if left == 0 or (left == 1 and mode) then
-  redis.call('del', lock)
-  redis.pcall(ARGV[3], ARGV[2], 'all')
-elseif not mode and string.sub(field, -5) ~= ':read' then
-  -- the writer left; only its own read holds remain
-  redis.call('hset', lock, ':mode', 'read')
-  redis.pcall(ARGV[3], ARGV[2], 'all')
-end
+${rwFieldGone}
 return 0
+`;
+
+/**
+ * Drop every hold of one holder field of a read-write lock (after a loss, at shutdown): as
+ * RELEASE_RW's last hold, announcing `all` as it does.
+ * KEYS[1] lock hash. ARGV[1] hash field (owner for the write side, owner:read for the read side), ARGV[2] channel, ARGV[3] publish command.
+ * Returns 1 when the field held the lock, else 0.
+ */
+export const RELEASE_ALL_RW = `
+local lock, field = KEYS[1], ARGV[1]
+if redis.call('hdel', lock, field) == 0 then return 0 end
+${rwFieldGone}
+return 1
 `;
 
 /**

@@ -19,6 +19,7 @@ import {
   RELEASE,
   RELEASE_TO,
   RELEASE_ALL,
+  RELEASE_ALL_RW,
   RELEASE_RW,
   RENEW,
 } from './lock.scripts.js';
@@ -40,6 +41,7 @@ const scripts = {
   release: new RedisScript('release', RELEASE),
   releaseTo: new RedisScript('releaseTo', RELEASE_TO),
   releaseAll: new RedisScript('releaseAll', RELEASE_ALL),
+  releaseAllRw: new RedisScript('releaseAllRw', RELEASE_ALL_RW),
   renew: new RedisScript('renew', RENEW),
   inspect: new RedisScript('inspect', INSPECT),
   holders: new RedisScript('holders', HOLDERS),
@@ -564,7 +566,10 @@ export class RedisLockStore implements LockStore {
 
   async releaseAll(key: string, owner: string, mode: LockMode = 'exclusive'): Promise<boolean> {
     const name = this.lockName(key);
-    const dropped = Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [holderField(owner, mode), name, this.publish, this.fenceTtlMs])) === 1;
+    const dropped =
+      mode === 'exclusive'
+        ? Number(await scripts.releaseAll.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs])) === 1
+        : Number(await scripts.releaseAllRw.run(this.client, [name], [holderField(owner, mode), name, this.publish])) === 1;
     if (this.replication && dropped) await this.confirmQuietly(`release of "${key}"`);
     return dropped;
   }
