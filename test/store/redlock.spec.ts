@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
+import { LockNotAcquiredError, LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
 import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
 import { aborted, asleep, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, within, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
@@ -352,6 +352,40 @@ describe('Redlock over 3 independent servers', () => {
     await noWaitingWriters(name);
   });
 
+  it('leaves no waiting writer behind on a node whose refusal came in before the quorum granted the write lock', async () => {
+    const name = 'lock:{rl:writer-refused-first}';
+    // Each node may take 5 s to answer an acquisition (half of stepTimeoutMs): room to hold one back.
+    const patient = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 10_000 });
+    /** `refusing` (a reader of someone else's holds the lock there) answers first, then `granting`; `late` grants once resumed and makes the quorum. */
+    const refusedFirst = async (refusing: RedisServer, granting: RedisServer, late: RedisServer) => {
+      const raw = refusing.client();
+      await raw.multi().hset(name, 'someone-else:read', '1', ':mode', 'read').pexpire(name, 60_000).exec();
+      await Promise.all([raw.config('RESETSTAT'), granting.client().config('RESETSTAT')]);
+      late.pause();
+      let writer: Promise<Awaited<ReturnType<LockApp['locks']['writeLock']>>>;
+      try {
+        writer = elsewhere(() => patient.locks.writeLock('rl:writer-refused-first', { leaseMs: 30_000 }));
+        await until(async () => (await scriptCalls(raw)) > 0 && (await scriptCalls(granting.client())) > 0, 5_000, 'the first two nodes never ran the attempt');
+      } finally {
+        late.resume();
+      }
+      const lock = await writer;
+      await raw.del(name);
+      await lock.release();
+    };
+    try {
+      await refusedFirst(nodes[2]!, nodes[0]!, nodes[1]!);
+      await refusedFirst(nodes[1]!, nodes[0]!, nodes[2]!);
+      // A waiting writer left on nodes 1 and 2 would keep readers from a quorum until its place lapsed.
+      const reader = await elsewhere(() => patient.locks.tryAcquire('rl:writer-refused-first', { mode: 'read' }));
+      expect(reader).not.toBeNull();
+      await reader!.release();
+      await noWaitingWriters(name);
+    } finally {
+      await patient.close();
+    }
+  });
+
   it('leaves no waiting writer behind when too few nodes answered its attempt: readers are not kept out', async () => {
     const key = 'rl:writer-no-quorum';
     // Leases that outlast the outage (the app's 900 ms would end during it).
@@ -508,6 +542,56 @@ describe('Redlock over 3 independent servers', () => {
     const lock = await attempt;
     expect(lock.isHeld).toBe(true);
     await lock.release();
+  });
+
+  it('refuses a quorum that granted too late to be valid, gives its grants back, and says to retry at once', async () => {
+    // leaseMs 1000, driftFactor 0.4: a grant is valid for 1000 - 402 - (the time the attempt took)
+    // ms. The nodes grant at once, but their answers are read only after a 700 ms pause: the quorum
+    // granted a lease this process cannot count on (LockService itself would take a grant read
+    // within the 1000 ms lease).
+    const drifting = await startLockApp({ redlock: { clients: nodes.map((n) => n.url), driftFactor: 0.4 } });
+    try {
+      const attempt = drifting.locks.acquire('rl:too-late', { leaseMs: 1_000, waitMs: 0 }).catch((e: unknown) => e);
+      await stallAfterSending(700);
+      const failure = (await attempt) as LockNotAcquiredError;
+      expect(failure).toBeInstanceOf(LockNotAcquiredError);
+      // Nobody holds it: retry at once, not in a second as for a lock without a lease.
+      expect(failure.retryAfterMs).toBe(0);
+      await until(async () => (await holders('rl:too-late')).length === 0, 5_000, 'a grant of the late quorum stayed behind');
+      const lock = await drifting.locks.acquire('rl:too-late', { waitMs: 0 });
+      await lock.release();
+    } finally {
+      await drifting.close();
+    }
+  });
+
+  it('reports the lease a quorum of nodes still keeps: the shorter of the two that hold the lock, when the third is free', async () => {
+    const name = 'lock:{rl:ttl}';
+    // Locked only where both holders answered, whichever node answers first.
+    await Promise.all(nodes.slice(0, 2).map((n, i) => n.client().multi().hset(name, 'someone', '1').pexpire(name, [30_000, 20_000][i]!).exec()));
+    try {
+      // Held until fewer than 2 of its leases remain: the 20 s one.
+      const ttl = await app.locks.remainingTtl('rl:ttl');
+      expect(ttl).toBeGreaterThan(19_000);
+      expect(ttl).toBeLessThanOrEqual(20_000);
+    } finally {
+      await Promise.all(nodes.map((n) => n.client().del(name)));
+    }
+  });
+
+  it('keeps a nested lock held when one node forgot it and answers the inner release with "not held"', async () => {
+    const outer = await app.locks.acquire('rl:forgot-one');
+    await until(async () => (await holders('rl:forgot-one')).length === 3, 5_000, 'the lock never reached every node');
+    const inner = await outer.run(() => app.locks.acquire('rl:forgot-one'));
+    expect(inner.holdCount).toBe(2);
+    await until(async () => JSON.stringify(await counts('rl:forgot-one')) === JSON.stringify([['2'], ['2'], ['2']]), 5_000, 'the inner hold on every node');
+    await nodes[0]!.client().del('lock:{rl:forgot-one}');
+    // Answers: -1 (node 0), 1, 1. The quorum still holds the outer hold.
+    await inner.release();
+    expect(outer.isHeld).toBe(true);
+    expect(await elsewhere(() => app.locks.tryAcquire('rl:forgot-one'))).toBeNull();
+    await outer.release();
+    await until(async () => (await holders('rl:forgot-one')).length === 0, 5_000, 'a hold stayed behind');
   });
 
   it('does not let a second owner in when one node restarts empty mid-hold, while the quorum still holds', async () => {
