@@ -111,6 +111,25 @@ describe('RedisLockStore scripts', () => {
     }
   });
 
+  it('gives back a fair lock handed to a waiter that then left the queue, but not while this process holds it for that owner', async () => {
+    const key = 'handed-leave';
+    const name = `lock:{${key}}`;
+    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
+    expect((await store.acquire({ key, owner: 'H', ...fair })).granted).toBe(true);
+    for (const owner of ['W', 'N']) expect((await store.acquire({ key, owner, ...fair })).granted).toBe(false);
+    expect(await store.release(key, 'H')).toBe(0);
+    expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': 'W' });
+    // Another task of owner W took the handover here (an explicit owner shared by two waits): the
+    // wait that gives up must leave W's lock alone.
+    await store.abandon(key, 'W', 'exclusive', true, true);
+    expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': 'W' });
+    // Nothing here holds it for W: leaving gives it back, and it goes to the next waiter.
+    await store.abandon(key, 'W', 'exclusive', true, false);
+    expect(await raw.hgetall(name)).toEqual({ N: '1', ':handed': 'N' });
+    await store.abandon(key, 'N', 'exclusive', true, false);
+    expect(await raw.exists(name, `${name}:queue`)).toBe(0);
+  });
+
   it('inspects and force-unlocks, announcing the release', async () => {
     expect(await store.inspect('inspect', 'A')).toEqual({ locked: false, holdCount: 0, ttlMs: -2 });
     await store.acquire({ key: 'inspect', owner: 'A', leaseMs: 5_000 });
