@@ -124,6 +124,24 @@ describe('read-write locks', () => {
     expect(inside).toBe(5);
   });
 
+  it('wakes every waiting reader when an operator force-unlocks a write lock', async () => {
+    const writer = await elsewhere(() => app.locks.writeLock('rw:14', { leaseMs: 120_000 }));
+    const allInside = gate();
+    let inside = 0;
+    // A reader left asleep sleeps until the writer's 120 s lease ends: only the force-unlock's message wakes it within 10 s.
+    const readers = Array.from({ length: 3 }, () =>
+      app.locks.run('rw:14', async () => {
+        if (++inside === 3) allInside.open();
+        await allInside.promise;
+      }, { mode: 'read', waitMs: 120_000 }),
+    );
+    await until(async () => asleep(app, 'rw:14') === 3, 10_000, 'the 3 readers asleep');
+    expect(await app.locks.forceUnlock('rw:14')).toBe(true);
+    await within(Promise.all(readers), 10_000);
+    expect(inside).toBe(3);
+    expect(writer.isHeld).toBe(false);
+  });
+
   it('does not let a steady stream of readers starve a writer', async () => {
     let stop = false;
     let reads = 0;

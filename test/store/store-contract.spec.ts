@@ -144,6 +144,16 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect((await store.inspect(key, undefined)).locked).toBe(false);
   });
 
+  it('wakes every waiter when a lock is force-unlocked: it may be a write lock with readers waiting', async () => {
+    const key = 'contract:force';
+    expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
+    const readers = [await queue(key, 'R1', { mode: 'read' }), await queue(key, 'R2', { mode: 'read' })];
+    const woke = readers.map((r) => r.sleep(10_000));
+    expect(await store.forceUnlock(key)).toBe(true);
+    expect(await Promise.all(woke)).toEqual(['released', 'released']);
+    for (const r of readers) r.close();
+  });
+
   it('turns a write lock whose writer keeps only read holds into a read lock when its write holds are all taken back, waking the readers', async () => {
     const key = 'contract:rw-downgrade';
     expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);

@@ -122,7 +122,7 @@ export class MemoryLockStore implements LockStore {
 
   async forceUnlock(key: string): Promise<boolean> {
     if (!this.live(key)) return false;
-    this.free(key, 'one');
+    this.free(key, 'all'); // as the script: it may be a write lock with readers waiting
     return true;
   }
 

@@ -11,7 +11,7 @@
  * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
 | `P{K}:queue:leases` | hash | fair mode: owner -> `<lease ms> <wait id>`: the lease to hand it the lock with, and which of its waits asked | as the queue |
  * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
- * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
+ * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter: read-write releases, force-unlocks), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
  * The scripts publish with `redis.pcall`: a publish Redis refuses (an ACL user without these
  * channels: Redis 7 and later, and Valkey, give a user created with ACL SETUSER none unless
@@ -143,16 +143,16 @@ end`;
  * Lua fragment, for scripts whose KEYS are {lock, queue} and ARGV {_, channel, publisher} (and the
  * fencing counter's lifetime in the argument \`lifetime\` names): if the lock is free now,
  * hand it to the fair queue's first live waiter (local `handed` = what handOver returned), else
- * announce `released` on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
+ * announce \`announce\` (\`released\`, or \`all\`) on ARGV[2] with ARGV[3] (publish or spublish). Holders drop `:handed` with
  * their own field (HDEL of both), so a free lock is a deleted hash. One EXISTS counts both names:
  * 0 is the usual release (free, nobody queued); 1 is told apart (still held, or free with a queue)
  * by a second EXISTS.
  */
-const freed = (lifetime: string) => `local handed = false
+const freed = (lifetime: string, announce: 'released' | 'all' = 'released') => `local handed = false
 local present = redis.call('exists', lock, queue)
 if present == 0 or (present == 1 and redis.call('exists', lock) == 0) then
   if present == 1 then handed = handOver(redis.call('time'), ARGV[2], ARGV[3], ${lifetime}) end
-  if not handed then redis.pcall(ARGV[3], ARGV[2], 'released') end
+  if not handed then redis.pcall(ARGV[3], ARGV[2], '${announce}') end
 end`;
 
 /** Lua prologue of the scripts that use `freed`. */
@@ -382,7 +382,9 @@ return {1, holds, ttl}
 export const HOLDERS = `return redis.call('hkeys', KEYS[1])`;
 
 /**
- * Delete a lock whoever holds it, and announce the release (or hand it to the next fair waiter).
+ * Delete a lock whoever holds it, and hand it to the next fair waiter, or announce \`all\`: every
+ * waiter retries, as readers waiting on a write lock must (its hash does not tell it from an
+ * exclusive lock, whose waiters race once and go back to sleep).
  * KEYS and ARGV as RELEASE; ARGV[1] unused; ARGV[5] \`1\` to delete only the lock that the hash
  * fields ARGV[6..] describe (its holders when the caller looked), \`0\` to delete it whatever its
  * fields. A connection that drops before the reply makes ioredis send the script again: the fields
@@ -402,7 +404,7 @@ if ARGV[5] == '1' then
   end
 end
 if redis.call('del', lock) == 0 then return 0 end
-${freed('ARGV[4]')}
+${freed('ARGV[4]', 'all')}
 return 1
 `;
 

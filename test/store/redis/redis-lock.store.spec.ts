@@ -130,7 +130,7 @@ describe('RedisLockStore scripts', () => {
     expect(await raw.exists(name, `${name}:queue`)).toBe(0);
   });
 
-  it('inspects and force-unlocks, announcing the release', async () => {
+  it('inspects and force-unlocks, announcing the release to every waiter', async () => {
     expect(await store.inspect('inspect', 'A')).toEqual({ locked: false, holdCount: 0, ttlMs: -2 });
     await store.acquire({ key: 'inspect', owner: 'A', leaseMs: 5_000 });
     const state = await store.inspect('inspect', 'A');
@@ -140,7 +140,7 @@ describe('RedisLockStore scripts', () => {
     const message = new Promise<string>((resolve) => sub.on('message', (_c: string, m: string) => resolve(m)));
     await sub.subscribe('lock:{inspect}');
     expect(await store.forceUnlock('inspect')).toBe(true);
-    expect(await message).toBe('released');
+    expect(await message).toBe('all'); // it may have been a write lock with readers waiting
     expect(await store.forceUnlock('inspect')).toBe(false);
   });
 
