@@ -669,7 +669,10 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           if (this.closing) throw shutDown(key);
           attempt = await this.attempt(key, context.owner, o, deadline, watch.waitId);
           if (attempt.result.granted) {
-            woken = false;
+            // A reader that a release woke passes the wake on as it leaves (watch.close): readers
+            // share, so the next waiter of this process may get in too. A plain lock's release (and
+            // a write lock's, elsewhere) wakes one waiter per process; readers then follow one by one.
+            woken = woken && o.mode === 'read';
             granted = true;
             return this.granted(key, context, o, attempt.result, attempt.start, started);
           }

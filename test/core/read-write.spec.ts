@@ -142,6 +142,29 @@ describe('read-write locks', () => {
     expect(writer.isHeld).toBe(false);
   });
 
+  it('wakes every waiting reader of a process when a plain exclusive lock is released: its message wakes one, who passes it on', async () => {
+    // The holder in another application: its release wakes the readers here by its message only.
+    const other = await startLockApp({ redis: redis.url });
+    try {
+      const holder = await other.locks.acquire('rw:15', { leaseMs: 120_000 });
+      const allInside = gate();
+      let inside = 0;
+      const readers = Array.from({ length: 3 }, () =>
+        app.locks.run('rw:15', async () => {
+          if (++inside === 3) allInside.open();
+          await allInside.promise;
+        }, { mode: 'read', waitMs: 120_000 }),
+      );
+      // A reader left asleep sleeps until the holder's 120 s lease ends: only a wake gets it in within 10 s.
+      await until(async () => asleep(app, 'rw:15') === 3, 10_000, 'the 3 readers asleep');
+      await holder.release();
+      await within(Promise.all(readers), 10_000);
+      expect(inside).toBe(3);
+    } finally {
+      await other.close();
+    }
+  });
+
   it('does not let a steady stream of readers starve a writer', async () => {
     let stop = false;
     let reads = 0;
