@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, scriptCalls, until } from '../support/redis-server.js';
-import { nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, elsewhere, nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
@@ -86,6 +86,31 @@ describe('fair mode', () => {
     } finally {
       child.kill('SIGCONT');
       await Promise.all([holder.stop(), child.stop()]);
+    }
+  });
+
+  it('keeps a waiter\'s place for as long as it waits, behind a holder whose lease is 3 queue timeouts', async () => {
+    // The place lasts QUEUE_TIMEOUT (1 s) from each attempt, and the waiter comes back every half
+    // of its handover lease (min(leaseMs, QUEUE_TIMEOUT) / 2), not at the end of the holder's 3 s
+    // lease: its place never lapses, so nobody arriving later goes before it.
+    const key = 'fair:place';
+    const holder = await app.locks.acquire(key, { fair: true, leaseMs: 3_000, watchdog: true });
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
+    const waiting = elsewhere(() => app.locks.acquire(key, { fair: true, waitMs: 10_000 }));
+    try {
+      const { owner } = await contended;
+      // Asleep: past the attempt it makes once it listens for releases, which refreshes the place too.
+      await until(async () => asleep(app, key) === 1, 5_000, 'the waiter asleep');
+      const redisNowMs = async () => { const [s, us] = await raw.time(); return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
+      const firstPlaceEnds = Number(await raw.zscore(`lock:{${key}}:queue:timeouts`, owner));
+      expect(firstPlaceEnds - (await redisNowMs())).toBeLessThanOrEqual(QUEUE_TIMEOUT);
+      await until(async () => (await redisNowMs()) > firstPlaceEnds + 100, 5_000, "Redis's clock never passed the first place's end");
+      expect(Number(await raw.zscore(`lock:{${key}}:queue:timeouts`, owner))).toBeGreaterThan(firstPlaceEnds);
+      expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual([owner]);
+    } finally {
+      // Also when a check above failed: the holder's renewals must not reach the next test.
+      await holder.release();
+      await (await waiting).release();
     }
   });
 
