@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
 import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, elsewhere, gate, nextEvent } from '../support/lock-testing.js';
+import { CapturingLogger, elsewhere, gate, nextEvent, within } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
@@ -93,6 +93,34 @@ class Ledger {
   @Locked('feed:<0>')
   watchOtherCopy(name: string): OtherObservable<number> {
     return new OtherObservable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
+  }
+
+  /** Its subscribe function reads the lock it runs under, and re-enters it. */
+  @Locked('feed:<0>')
+  watchInside(name: string): Observable<{ key?: string; nested: number }> {
+    return new Observable((subscriber) => {
+      const key = this.locks.current()?.key;
+      this.locks.run(`feed:${name}`, async (inner) => inner.holdCount, { waitMs: 0 }).then(
+        (nested) => {
+          subscriber.next({ key, nested });
+          subscriber.complete();
+        },
+        (error: unknown) => subscriber.error(error),
+      );
+    });
+  }
+
+  @Locked('feed:<0>', { onContention: 'skip' })
+  watchOrSkip(name: string): Observable<string> {
+    return new Observable<string>((subscriber) => {
+      subscriber.next(name);
+      subscriber.complete();
+    });
+  }
+
+  @Locked('feed:<0>')
+  watchFailing(name: string): Observable<number> {
+    throw new RangeError(`no feed ${name}`);
   }
 
   @Locked('feed:<0>')
@@ -228,6 +256,28 @@ describe('@Locked on provider methods called directly', () => {
     feeds.get('F7')!.complete();
     expect(await values).toEqual([3]);
     await released;
+  });
+
+  it("subscribes to a declared Observable inside its lock: the subscribe function sees the lock, and a locked call from it re-enters", async () => {
+    expect(await within(firstValueFrom(ledger.watchInside('F8')), 5_000)).toEqual({ key: 'feed:F8', nested: 2 });
+    await until(async () => !(await locks.isLocked('feed:F8')), 5_000, 'the lock was never released');
+  });
+
+  it('completes a skipped Observable without a value', async () => {
+    const other = await elsewhere(() => locks.acquire('feed:F9'));
+    try {
+      expect(await within(firstValueFrom(ledger.watchOrSkip('F9'), { defaultValue: 'skipped' }), 5_000)).toBe('skipped');
+    } finally {
+      await other.release();
+    }
+    expect(await within(firstValueFrom(ledger.watchOrSkip('F9')), 5_000)).toBe('F9');
+  });
+
+  it('errors a declared Observable whose method throws at once, and releases its lock', async () => {
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F10');
+    await expect(within(firstValueFrom(ledger.watchFailing('F10')), 5_000)).rejects.toThrow('no feed F10');
+    await released;
+    expect(await locks.isLocked('feed:F10')).toBe(false);
   });
 
   it('releases an Observable\'s lock when the subscriber unsubscribes', async () => {
