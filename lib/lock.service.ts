@@ -670,8 +670,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           attempt = await this.attempt(key, context.owner, o, deadline, watch.waitId);
           if (attempt.result.granted) {
             // A reader that a release woke passes the wake on as it leaves (watch.close): readers
-            // share, so the next waiter of this process may get in too. A plain lock's release (and
-            // a write lock's, elsewhere) wakes one waiter per process; readers then follow one by one.
+            // share, so the next waiter of this process may get in too. A plain lock's release
+            // wakes one waiter per process; the readers waiting on it then follow one by one.
             woken = woken && o.mode === 'read';
             granted = true;
             return this.granted(key, context, o, attempt.result, attempt.start, started);
