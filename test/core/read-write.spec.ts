@@ -104,41 +104,42 @@ describe('read-write locks', () => {
     expect(inside).toBe(5);
   });
 
+  /**
+   * `n` readers of `app` wait for `key` (120 s waits) until all sleep; each, once in, holds the lock
+   * until all `n` hold it at once. `allIn()` resolves when they all got in, and fails after 10 s: a
+   * reader left asleep sleeps until the holder's 120 s lease ends, so only a wake gets it in sooner.
+   */
+  const sleepingReaders = async (key: string, n: number) => {
+    const allInside = gate();
+    let inside = 0;
+    const readers = Promise.all(
+      Array.from({ length: n }, () =>
+        app.locks.run(key, async () => {
+          if (++inside === n) allInside.open();
+          await allInside.promise;
+        }, { mode: 'read', waitMs: 120_000 }),
+      ),
+    );
+    void readers.catch(() => undefined); // a test that fails before allIn() leaves them to shutdown
+    // Asleep, not only refused once: a reader whose attempt is still in flight gets in without being woken.
+    await until(async () => asleep(app, key) === n, 10_000, `the ${n} readers asleep`);
+    return { allIn: () => within(readers, 10_000) };
+  };
+
   it('wakes every waiting reader when the writer\'s application shuts down with the lock', async () => {
     // Shutdown takes back every hold at once (releaseAll), not one hold at a time (release).
     const writerApp = await startLockApp({ redis: redis.url });
     await writerApp.locks.writeLock('rw:13', { leaseMs: 120_000 });
-    const allInside = gate();
-    let inside = 0;
-    // A reader left asleep sleeps until the writer's 120 s lease ends: only the release's message wakes it within 10 s.
-    const readers = Array.from({ length: 5 }, () =>
-      app.locks.run('rw:13', async () => {
-        if (++inside === 5) allInside.open();
-        await allInside.promise;
-      }, { mode: 'read', waitMs: 120_000 }),
-    );
-    // Asleep, not only refused once: a reader whose attempt is still in flight gets in without being woken.
-    await until(async () => asleep(app, 'rw:13') === 5, 10_000, 'the 5 readers asleep');
+    const readers = await sleepingReaders('rw:13', 5);
     await writerApp.close();
-    await within(Promise.all(readers), 10_000);
-    expect(inside).toBe(5);
+    await readers.allIn();
   });
 
   it('wakes every waiting reader when an operator force-unlocks a write lock', async () => {
     const writer = await elsewhere(() => app.locks.writeLock('rw:14', { leaseMs: 120_000 }));
-    const allInside = gate();
-    let inside = 0;
-    // A reader left asleep sleeps until the writer's 120 s lease ends: only the force-unlock's message wakes it within 10 s.
-    const readers = Array.from({ length: 3 }, () =>
-      app.locks.run('rw:14', async () => {
-        if (++inside === 3) allInside.open();
-        await allInside.promise;
-      }, { mode: 'read', waitMs: 120_000 }),
-    );
-    await until(async () => asleep(app, 'rw:14') === 3, 10_000, 'the 3 readers asleep');
+    const readers = await sleepingReaders('rw:14', 3);
     expect(await app.locks.forceUnlock('rw:14')).toBe(true);
-    await within(Promise.all(readers), 10_000);
-    expect(inside).toBe(3);
+    await readers.allIn();
     expect(writer.isHeld).toBe(false);
   });
 
@@ -147,19 +148,9 @@ describe('read-write locks', () => {
     const other = await startLockApp({ redis: redis.url });
     try {
       const holder = await other.locks.acquire('rw:15', { leaseMs: 120_000 });
-      const allInside = gate();
-      let inside = 0;
-      const readers = Array.from({ length: 3 }, () =>
-        app.locks.run('rw:15', async () => {
-          if (++inside === 3) allInside.open();
-          await allInside.promise;
-        }, { mode: 'read', waitMs: 120_000 }),
-      );
-      // A reader left asleep sleeps until the holder's 120 s lease ends: only a wake gets it in within 10 s.
-      await until(async () => asleep(app, 'rw:15') === 3, 10_000, 'the 3 readers asleep');
+      const readers = await sleepingReaders('rw:15', 3);
       await holder.release();
-      await within(Promise.all(readers), 10_000);
-      expect(inside).toBe(3);
+      await readers.allIn();
     } finally {
       await other.close();
     }
