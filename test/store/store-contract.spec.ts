@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
-import type { Redis } from 'ioredis';
 import { MemoryLockStore } from '../../lib/store/memory/memory-lock.store.js';
 import { RedisLockStore } from '../../lib/store/redis/redis-lock.store.js';
 import type { LockStore, ReleaseWatch } from '../../lib/store/lock-store.js';
@@ -18,7 +17,6 @@ const quiet = { debug: () => undefined, warn: () => undefined };
  */
 describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind) => {
   let redis: RedisServer | undefined;
-  let client: Redis | undefined;
   let store: LockStore;
   const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 } as const;
   /** How a fair waiter's sleep ends when the lock is freed with it at the head of the queue. */
@@ -27,8 +25,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
   beforeAll(async () => {
     if (kind === 'redis') {
       redis = await RedisServer.start();
-      client = redis.client();
-      store = new RedisLockStore(client, false, 'lock:', quiet);
+      store = new RedisLockStore(redis.client(), false, 'lock:', quiet);
     } else {
       store = new MemoryLockStore();
     }

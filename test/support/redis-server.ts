@@ -154,6 +154,12 @@ export async function subscribers(raw: Redis, key: string): Promise<number> {
   return Number(((await raw.pubsub('NUMSUB', `lock:{${key}}`)) as unknown[])[1]);
 }
 
+/** Redis's clock in milliseconds (TIME), the clock of the fair queue's and waiting writers' place deadlines. */
+export async function redisNowMs(raw: Redis): Promise<number> {
+  const [s, us] = await raw.time();
+  return Number(s) * 1000 + Math.floor(Number(us) / 1000);
+}
+
 /** Resolves once `check` resolves true (a throwing check counts as false), polling every 50 ms; rejects after `ms`. */
 export async function until(check: () => Promise<boolean>, ms: number, what: string): Promise<void> {
   const end = Date.now() + ms;
