@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockBackendError, LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { scriptCalls, until, type RedisServer } from '../support/redis-server.js';
-import { asleep, firstAfterRelease, nextEvent, nextEvents, signalHooks, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, firstAfterRelease, nextEvent, nextEvents, signalHooks, startLockApp, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
 describe('waiting for a held lock', () => {
   let redis: RedisServer;
@@ -107,6 +107,23 @@ describe('waiting for a held lock', () => {
     const mine = await app.locks.tryAcquire('once:1');
     expect(mine?.holdCount).toBe(1);
     await mine?.release();
+  });
+
+  it.each([
+    ['one key', ['no-expiry:1']],
+    ['several keys', ['no-expiry:a', 'no-expiry:b']],
+  ])('checks a lock key without expiry again every second (%s): a waiter gets in soon after it is deleted with no release message', async (_, keys) => {
+    // Written by something else, with no expiry: no lease bounds the waiter's sleep, and deleting it
+    // publishes nothing. Only the waiter's own check of the key can find it gone.
+    await raw.hset(`lock:{${keys[0]}}`, 'someone-else', '1');
+    const waiting: Promise<{ release(): Promise<void> }> =
+      keys.length === 1 ? app.locks.acquire(keys[0]!, { waitMs: 60_000 }) : app.locks.acquire(keys, { waitMs: 60_000 });
+    await until(async () => asleep(app, keys[0]!) === 1, 10_000, 'the waiter asleep');
+    await raw.del(`lock:{${keys[0]}}`);
+    // Within a few seconds, against the 60 s the wait would otherwise sleep.
+    const lock = await within(waiting, 5_000);
+    await lock.release();
+    for (const key of keys) expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
   it('stops an aborted wait at once and leaves no subscription or waiter behind', async () => {
