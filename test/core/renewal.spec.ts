@@ -1,8 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { filter, first, firstValueFrom, map, throwError, timeout } from 'rxjs';
 import { LockLostError } from '../../lib/index.js';
-import { RedisServer, scriptCalls, tcpProxy } from '../support/redis-server.js';
+import type { LockStore } from '../../lib/store/lock-store.js';
+import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
 import { aborted, nextEvent, nextEvents, stallAfterSending, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const LEASE = 600; // renewed every 200 ms
@@ -64,6 +65,34 @@ describe('renewal and loss', () => {
     await lock.release();
     expect(await raw.hgetall('lock:{taken:1}')).toEqual({ 'someone-else': '1' });
     expect(await raw.pttl('lock:{taken:1}')).toBeGreaterThan(9_000);
+  });
+
+  it('sends no second renewal of a lock while its first is unanswered, when another lock falls due', async () => {
+    // Renewed at a third of their leases: A at 1 s, B at 2.5 s (not in A's batch: B is due only
+    // 1.5 s later, more than half B's renewal period). Redis is frozen before A's renewal leaves, so
+    // A's is still unanswered when B falls due, within A's 3 s lease.
+    const store = (app.locks as unknown as { store: LockStore }).store;
+    const renewals = jest.spyOn(store, 'renew');
+    try {
+      const [a, b] = await Promise.all([
+        app.locks.acquire('in-flight:a', { leaseMs: 3_000, watchdog: true }),
+        app.locks.acquire('in-flight:b', { leaseMs: 7_500, watchdog: true }),
+      ]);
+      redis.pause();
+      let sent: string[][];
+      try {
+        expect(renewals).not.toHaveBeenCalled();
+        await until(async () => renewals.mock.calls.some(([entries]) => entries.some((e) => e.key === b.key)), 10_000, "B's renewal sent");
+        sent = renewals.mock.calls.map(([entries]) => entries.map((e) => e.key));
+      } finally {
+        redis.resume();
+      }
+      expect(sent).toEqual([[a.key], [b.key]]);
+      await a.release();
+      await b.release();
+    } finally {
+      renewals.mockRestore();
+    }
   });
 
   it('signals loss when the event loop was blocked past the lease, without crashing', async () => {
