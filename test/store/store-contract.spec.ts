@@ -151,6 +151,20 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     for (const r of readers) r.close();
   });
 
+  it('keeps a plain exclusive lock exclusive while its owner keeps a read hold: unlike a write lock, it is not turned into a read lock', async () => {
+    const key = 'contract:plain-read';
+    expect((await store.acquire({ key, owner: 'P', leaseMs: 10_000 })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'P', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect(await store.release(key, 'P')).toBe(0);
+    // The owner's read hold still excludes everyone else, readers included.
+    expect((await store.acquire({ key, owner: 'R', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000 })).granted).toBe(false);
+    expect(await store.release(key, 'P', 'read')).toBe(0);
+    expect((await store.acquire({ key, owner: 'R', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect(await store.releaseAll(key, 'R', 'read')).toBe(true);
+    expect((await store.inspect(key, undefined)).locked).toBe(false);
+  });
+
   it('turns a write lock whose writer keeps only read holds into a read lock when its write holds are all taken back, waking the readers', async () => {
     const key = 'contract:rw-downgrade';
     expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
