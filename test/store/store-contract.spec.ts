@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { MemoryLockStore } from '../../lib/store/memory/memory-lock.store.js';
 import { RedisLockStore } from '../../lib/store/redis/redis-lock.store.js';
 import type { LockStore, ReleaseWatch } from '../../lib/store/lock-store.js';
-import { RedisServer } from '../support/redis-server.js';
+import { RedisServer, until } from '../support/redis-server.js';
 
 const quiet = { debug: () => undefined, warn: () => undefined };
 
@@ -81,6 +81,21 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.acquire({ key, owner: 'C', ...fair, waitId: c.waitId })).toMatchObject({ granted: true, holdCount: 1 });
     c.close();
     expect(await store.release(key, 'C')).toBe(0);
+  });
+
+  it('gives a fair lock whose lease ran out to the head of the queue when a newcomer attempts, and refuses the newcomer', async () => {
+    const key = 'contract:fair-lapsed';
+    expect((await store.acquire({ key, owner: 'A', ...fair, leaseMs: 200 })).granted).toBe(true);
+    const b = await queue(key, 'B');
+    const bWoke = b.sleep(10_000);
+    // A's lease runs out with nothing to announce it (as when A's process crashed).
+    await until(async () => !(await store.inspect(key, undefined)).locked, 5_000, "A's lease run out");
+    expect((await store.acquire({ key, owner: 'C', ...fair })).granted).toBe(false);
+    expect(await bWoke).toBe(headWakes);
+    expect(await store.acquire({ key, owner: 'B', ...fair, waitId: b.waitId })).toMatchObject({ granted: true, holdCount: 1 });
+    b.close();
+    expect(await store.release(key, 'B')).toBe(0);
+    await store.abandon(key, 'C', 'exclusive', true);
   });
 
   it('never shortens a lease on re-entry, or when another reader joins a read lock', async () => {

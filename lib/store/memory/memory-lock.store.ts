@@ -11,7 +11,8 @@ import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from '../../lock.constants.js';
  *
  * For tests and single-process apps only: it protects nothing across processes. Leases run on
  * this process's monotonic clock and expire lazily (when the lock is next looked at); waiters are
- * woken by releases and, for expiries, by their own lease-bounded sleeps, as with Redis.
+ * woken by releases and, for expiries, by their own lease-bounded sleeps, as with Redis (and the
+ * head of a fair queue by a newcomer's attempt on the lapsed lock, where Redis hands it over).
  */
 export class MemoryLockStore implements LockStore {
   readonly description = 'in-process memory store (not distributed)';
@@ -68,6 +69,9 @@ export class MemoryLockStore implements LockStore {
     queue.set(owner, t + queueTimeoutMs); // a new owner joins at the end; a known one keeps its place
     this.queues.set(key, queue);
     if (lock) return { granted: false, ttlMs: lock.ttl() };
+    // Free (its lease ran out) with another owner at the head: wake the head to take it, as the
+    // Redis script hands it over on this attempt.
+    this.waiters.notifyOwner(key, head!);
     return { granted: false, ttlMs: Math.max(0, queue.get(head!)! - t) };
   }
 
