@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { Injectable } from '@nestjs/common';
-import { Locked, LockConfigurationError, LockKeyError } from '../../lib/index.js';
+import { Locked, LockConfigurationError, LockKeyError, MAX_KEY_LENGTH } from '../../lib/index.js';
 import { LockKeyTemplate } from '../../lib/decorators/lock-key.template.js';
 
 describe('key templates', () => {
@@ -18,6 +18,7 @@ describe('key templates', () => {
     ['order:<0>}', /contains "\}" in its literal text/],
     ['100%:<0>', /contains "%" in its literal text/],
     ['', /must be a non-empty string/],
+    [42 as unknown as string, /must be a non-empty string; got 42/],
   ])('rejects %j when the class is defined', (source, message) => {
     expect(() => parse(source)).toThrow(LockConfigurationError);
     expect(() => parse(source)).toThrow(message);
@@ -94,6 +95,15 @@ describe('key templates', () => {
     expect(() => template.resolve(args)).toThrow(LockKeyError);
     expect(() => template.resolve(args)).toThrow(message);
     expect(() => template.resolve(args)).toThrow(/@Locked on Orders\.pay: cannot build the lock key from template "order:<0>"/);
+  });
+
+  it('refuses a key longer than 1024 characters at call time, naming the method', () => {
+    const template = parse('order:<0>');
+    expect(template.resolve(['x'.repeat(MAX_KEY_LENGTH - 6)])).toHaveLength(MAX_KEY_LENGTH);
+    expect(() => template.resolve(['x'.repeat(MAX_KEY_LENGTH - 5)])).toThrow(LockKeyError);
+    expect(() => template.resolve(['x'.repeat(MAX_KEY_LENGTH - 5)])).toThrow(
+      `@Locked on Orders.pay: a lock key must be at most ${MAX_KEY_LENGTH} characters; got ${MAX_KEY_LENGTH + 1}`,
+    );
   });
 
   it('names the property path that led nowhere', () => {
