@@ -281,6 +281,8 @@ describe('read-write locks', () => {
 
   it('rejects fair mode for read-write locks', async () => {
     await expect(app.locks.acquire('rw:10', { mode: 'read', fair: true })).rejects.toThrow(/fair mode is for exclusive locks/);
+    await expect(app.locks.acquire('rw:10', { mode: 'write', fair: true })).rejects.toThrow(/fair mode is for exclusive locks/);
+    expect(await raw.exists('lock:{rw:10}')).toBe(0);
     await expect(app.locks.acquire('rw:10', { mode: 'upgrade' as never })).rejects.toThrow(/mode must be 'read' or 'write'/);
   });
 });
