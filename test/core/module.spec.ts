@@ -259,6 +259,32 @@ describe('LockModule', () => {
 
   it('rejects forRootAsync without exactly one of useFactory, useClass, useExisting', () => {
     expect(() => LockModule.forRootAsync({})).toThrow(/exactly one of useFactory, useClass or useExisting; got 0/);
+    class LockConfig implements LockOptionsFactory {
+      createLockOptions() {
+        return {};
+      }
+    }
+    expect(() => LockModule.forRootAsync({ useFactory: () => ({}), useClass: LockConfig })).toThrow(
+      /exactly one of useFactory, useClass or useExisting; got 2/,
+    );
+  });
+
+  it('gives a forRootAsync factory the extraProviders it injects', async () => {
+    const REDIS_URL = Symbol('REDIS_URL');
+    const moduleRef = await Test.createTestingModule({
+      imports: [
+        LockModule.forRootAsync({
+          extraProviders: [{ provide: REDIS_URL, useValue: redis.url }],
+          inject: [REDIS_URL],
+          useFactory: (url: string) => ({ redis: url, keyPrefix: 'extra:' }),
+        }),
+      ],
+    }).compile();
+    await moduleRef.init();
+    await moduleRef.get(LockService).run('e', async () => {
+      expect(await redis.client().exists('extra:{e}')).toBe(1);
+    });
+    await moduleRef.close();
   });
 
   it('fails bootstrap when forRootAsync produces bad options', async () => {
@@ -283,6 +309,20 @@ describe('LockModule', () => {
     }).compile();
     expect(moduleRef.get(Jobs).locks).toBe(moduleRef.get(LockService));
     await moduleRef.close();
+  });
+
+  it('is not global without isGlobal: a module that does not import LockModule cannot inject LockService', async () => {
+    @Injectable()
+    class Jobs {
+      constructor(readonly locks: LockService) {}
+    }
+    @Module({ providers: [Jobs] })
+    class JobsModule {}
+    const failure = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url }), JobsModule] })
+      .setLogger(new CapturingLogger())
+      .compile()
+      .then((m) => m.close().then(() => new Error('compiled')), (e: unknown) => e);
+    expect((failure as Error).message).toMatch(/can't resolve dependencies of the Jobs \(\?\)/);
   });
 
   it('releases held locks at shutdown and closes the client it created', async () => {

@@ -102,6 +102,8 @@ describe('multi-key locks', () => {
     const reason = (await aborted(group.signal)) as LockLostError;
     expect(reason.key).toBe('l:2');
     expect(group.handle('l:1')!.isHeld).toBe(true);
+    // The group's signal, aborted, no longer listens to the key still held.
+    expect(signalHooks(group.handle('l:1')!.signal)).toEqual({ dependants: 0, listeners: 0 });
     expect(group.isHeld).toBe(false); // not every key is held any more
     await group.release();
     expect(await held('l:1')).toBe(0);
