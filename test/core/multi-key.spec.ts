@@ -229,4 +229,29 @@ describe('@Locked with several keys', () => {
       await redis.stop();
     }
   });
+
+  it('locks every key a key function returns, and refuses a bad one among them at call time', async () => {
+    const redis = await RedisServer.start();
+    @Injectable()
+    class Transfers {
+      constructor(readonly locks: LockService) {}
+      @Locked((from: string, to: string) => [`account:${from}`, `account:${to}`, `account:${from}`])
+      async transfer(from: string, to: string) {
+        return [this.locks.current(`account:${from}`)?.key, this.locks.current(`account:${to}`)?.key];
+      }
+    }
+    @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
+    class TransfersModule {}
+    const moduleRef = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
+    await moduleRef.init();
+    try {
+      const transfers = moduleRef.get(Transfers);
+      expect(await transfers.transfer('9', '3')).toEqual(['account:9', 'account:3']);
+      await expect(transfers.transfer('9', '{3}')).rejects.toThrow(/@Locked on Transfers\.transfer \(key function\): lock key "account:\{3\}" contains "\{" or "\}"/);
+      expect(await redis.client().exists('lock:{account:9}', 'lock:{account:3}')).toBe(0);
+    } finally {
+      await moduleRef.close();
+      await redis.stop();
+    }
+  });
 });

@@ -419,6 +419,17 @@ describe('@Locked with a LockService a test replaced by a mock', () => {
     await moduleRef.close();
   });
 
+  it('names the class of a hand-written stand-in (useClass)', async () => {
+    class FakeLocks {
+      async run(_key: string, fn: () => unknown) {
+        return fn();
+      }
+    }
+    const moduleRef = await Test.createTestingModule({ providers: [Payments, { provide: LockService, useClass: FakeLocks }] }).compile();
+    await expect(moduleRef.get(Payments).pay('1')).rejects.toThrow(/is not nestjs-locked's LockService but an instance of FakeLocks: a test replaced it/);
+    await moduleRef.close();
+  });
+
   it("fails the same way with an automatic mock from useMocker() (a Proxy whose every property is a function, as @golevelup/ts-jest's createMock makes), and names useMocker", async () => {
     let calls = 0;
     const autoMock = () =>
