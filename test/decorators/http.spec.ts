@@ -40,6 +40,13 @@ class ToTransfer implements PipeTransform {
   }
 }
 
+/** Drops the parameter types TypeScript recorded, as a compiler that emits no decorator metadata would. */
+function WithoutParamTypes(): MethodDecorator {
+  return (target, key) => {
+    Reflect.deleteMetadata('design:paramtypes', target, key);
+  };
+}
+
 const holding = new Map<string, { entered: () => void; release: Promise<void> }>();
 /** The bodies of `download`, which the test ends. */
 const downloads = new Map<string, PassThrough>();
@@ -118,6 +125,15 @@ class ItemsController {
     return { key: this.locks.current()?.key };
   }
 
+  // As compiled without decorator metadata (esbuild, as under Vitest): no design:paramtypes, and a
+  // default value, so the method's length (0) does not count the parameter either.
+  @Get(':id/untyped')
+  @Locked('item:<0>')
+  @WithoutParamTypes()
+  async untyped(@Param('id') id = 'none') {
+    return { id, key: this.locks.current()?.key };
+  }
+
   /** Sends its response itself through the platform's response object (@Res(): express res, fastify reply). */
   @Post(':id/raw')
   @Locked('item:<0>')
@@ -188,6 +204,10 @@ for (const platform of ['express', 'fastify'] as const) {
       const body = await (await fetch(`${url}/items/0042`)).json();
       expect((await acquired).key).toBe('item:42');
       expect(body).toEqual({ id: 42, key: 'item:42', nested: { holdCount: 2, key: 'item:42' } });
+    });
+
+    it('passes the call site after every parameter of a handler compiled without decorator metadata', async () => {
+      expect(await (await fetch(`${url}/items/5/untyped`)).json()).toEqual({ id: '5', key: 'item:5' });
     });
 
     it('builds the key from a transformed DTO through a property path', async () => {
