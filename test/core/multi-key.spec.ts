@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
-import { Test } from '@nestjs/testing';
+import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
@@ -201,57 +201,52 @@ describe('opposite-order transfers across processes', () => {
 });
 
 describe('@Locked with several keys', () => {
-  it('locks every account a transfer touches', async () => {
-    const redis = await RedisServer.start();
-    @Injectable()
-    class Transfers {
-      constructor(readonly locks: LockService) {}
-      @Locked(['account:<0>', 'account:<1>'])
-      async transfer(from: string, to: string) {
-        return [this.locks.current('account:' + from)?.key, this.locks.current('account:' + to)?.key];
-      }
+  @Injectable()
+  class Transfers {
+    constructor(readonly locks: LockService) {}
+    @Locked(['account:<0>', 'account:<1>'])
+    async transfer(from: string, to: string) {
+      return this.heldKeys(from, to);
     }
+    @Locked((from: string, to: string) => [`account:${from}`, `account:${to}`, `account:${from}`])
+    async transferByFunction(from: string, to: string) {
+      return this.heldKeys(from, to);
+    }
+    private heldKeys(from: string, to: string) {
+      return [this.locks.current(`account:${from}`)?.key, this.locks.current(`account:${to}`)?.key];
+    }
+  }
+  let redis: RedisServer;
+  let moduleRef: TestingModule;
+  let transfers: Transfers;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
     @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
     class TransfersModule {}
-    const moduleRef = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
+    moduleRef = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
     await moduleRef.init();
-    try {
-      const transfers = moduleRef.get(Transfers);
-      expect(await transfers.transfer('9', '3')).toEqual(['account:9', 'account:3']);
-      const locks = moduleRef.get(LockService);
-      const blocker = await locks.acquire('account:3', { owner: 'someone-else' });
-      const skipped = transfers.transfer('3', '4');
-      await nextEvent(locks.events$, 'contended', (e) => e.key === 'account:3');
-      await blocker.release();
-      expect(await skipped).toEqual(['account:3', 'account:4']);
-    } finally {
-      await moduleRef.close();
-      await redis.stop();
-    }
+    transfers = moduleRef.get(Transfers);
+  });
+  afterAll(async () => {
+    await moduleRef?.close();
+    await redis?.stop();
+  });
+
+  it('locks every account a transfer touches', async () => {
+    expect(await transfers.transfer('9', '3')).toEqual(['account:9', 'account:3']);
+    const locks = moduleRef.get(LockService);
+    const blocker = await locks.acquire('account:3', { owner: 'someone-else' });
+    const skipped = transfers.transfer('3', '4');
+    await nextEvent(locks.events$, 'contended', (e) => e.key === 'account:3');
+    await blocker.release();
+    expect(await skipped).toEqual(['account:3', 'account:4']);
   });
 
   it('locks every key a key function returns, and refuses a bad one among them at call time', async () => {
-    const redis = await RedisServer.start();
-    @Injectable()
-    class Transfers {
-      constructor(readonly locks: LockService) {}
-      @Locked((from: string, to: string) => [`account:${from}`, `account:${to}`, `account:${from}`])
-      async transfer(from: string, to: string) {
-        return [this.locks.current(`account:${from}`)?.key, this.locks.current(`account:${to}`)?.key];
-      }
-    }
-    @Module({ imports: [LockModule.forRoot({ redis: redis.url })], providers: [Transfers] })
-    class TransfersModule {}
-    const moduleRef = await Test.createTestingModule({ imports: [TransfersModule] }).setLogger(new CapturingLogger()).compile();
-    await moduleRef.init();
-    try {
-      const transfers = moduleRef.get(Transfers);
-      expect(await transfers.transfer('9', '3')).toEqual(['account:9', 'account:3']);
-      await expect(transfers.transfer('9', '{3}')).rejects.toThrow(/@Locked on Transfers\.transfer \(key function\): lock key "account:\{3\}" contains "\{" or "\}"/);
-      expect(await redis.client().exists('lock:{account:9}', 'lock:{account:3}')).toBe(0);
-    } finally {
-      await moduleRef.close();
-      await redis.stop();
-    }
+    expect(await transfers.transferByFunction('9', '3')).toEqual(['account:9', 'account:3']);
+    await expect(transfers.transferByFunction('9', '{3}')).rejects.toThrow(
+      /@Locked on Transfers\.transferByFunction \(key function\): lock key "account:\{3\}" contains "\{" or "\}"/,
+    );
+    expect(await redis.client().exists('lock:{account:9}', 'lock:{account:3}')).toBe(0);
   });
 });
