@@ -1,5 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
 import type { RedisServer } from '../support/redis-server.js';
 import { startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
@@ -15,6 +16,18 @@ describe('LockService.health()', () => {
     expect(await app.locks.health()).toEqual({ status: 'up', store: expect.stringMatching(/^redis 127\.0\.0\.1:\d+$/), heldLocks: 1, renewalOverdueMs: 0 });
     const acquireSha = createHash('sha1').update(ACQUIRE).digest('hex');
     expect(await redis.client().script('EXISTS', acquireSha)).toEqual([1]); // loaded again by the check
+    await lock.release();
+  });
+
+  it('says how late the most overdue renewal is when the event loop was blocked past it', async () => {
+    // Renewed a third of the way into its 3 s lease; the loop is blocked 1.5 s, past that moment.
+    const lock = await app.locks.acquire('h:overdue', { leaseMs: 3_000, watchdog: true });
+    const until = performance.now() + 1_500;
+    while (performance.now() < until) {
+      /* blocked: the watchdog's timer cannot run */
+    }
+    const health = app.locks.health(); // read before any timer runs
+    expect((await health).renewalOverdueMs).toBeGreaterThanOrEqual(400);
     await lock.release();
   });
 

@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
 import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
-import { CapturingLogger, elsewhere, gate, nextEvent, within } from '../support/lock-testing.js';
+import { CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
@@ -374,6 +374,31 @@ describe('@Locked in a module that cannot inject LockService', () => {
     expect((failure as Error).message).toMatch(/can't resolve dependencies of the Feature/);
     expect((failure as Error).message).toMatch(/nestjs-locked:lock-service/);
     expect((failure as Error).message).toMatch(/If LockService is exported from a separate @Module, is that module imported within FeatureModule\?/);
+  });
+});
+
+describe("@Locked under the module's onContention and minHoldMs", () => {
+  @Injectable()
+  class Jobs {
+    @Locked('job:<0>')
+    async run(id: string) {
+      return `ran ${id}`;
+    }
+  }
+  it('applies them to a @Locked method that sets neither: the lock stays after the call, and a second call skips at once', async () => {
+    const redis = await RedisServer.start();
+    const app = await startLockApp({ redis: redis.url, onContention: 'skip', minHoldMs: 5_000, waitMs: 60_000 }, [Jobs]);
+    try {
+      const jobs = app.moduleRef.get(Jobs);
+      expect(await jobs.run('1')).toBe('ran 1');
+      // minHoldMs: still held for up to 5 s after the call, with no renewal.
+      expect(await redis.client().pttl('lock:{job:1}')).toBeGreaterThan(3_000);
+      // onContention 'skip': the module's 60 s wait does not apply; the call returns at once.
+      expect(await within(elsewhere(() => jobs.run('1')), 3_000)).toBeUndefined();
+    } finally {
+      await app.close();
+      await redis.stop();
+    }
   });
 });
 

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect } from '@jest/globals';
-import { Module, type INestApplication, type INestApplicationContext, type LoggerService, type ModuleMetadata } from '@nestjs/common';
+import { Module, type INestApplication, type INestApplicationContext, type LoggerService, type ModuleMetadata, type Provider } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
@@ -51,10 +51,10 @@ export interface LockApp {
   close(): Promise<void>;
 }
 
-/** A Nest testing module with `LockModule.forRoot(options)`, initialised (bootstrap checks run). */
-export async function startLockApp(options: LockModuleOptions): Promise<LockApp> {
+/** A Nest testing module with `LockModule.forRoot(options)` and `providers`, initialised (bootstrap checks run). */
+export async function startLockApp(options: LockModuleOptions, providers: Provider[] = []): Promise<LockApp> {
   const logger = new CapturingLogger();
-  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot(options)] })
+  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot(options)], providers })
     .setLogger(logger)
     .compile();
   await moduleRef.init();
