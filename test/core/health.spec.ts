@@ -1,9 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
-import { performance } from 'node:perf_hooks';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
 import type { RedisServer } from '../support/redis-server.js';
-import { startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('LockService.health()', () => {
   let redis: RedisServer;
@@ -22,10 +21,7 @@ describe('LockService.health()', () => {
   it('says how late the most overdue renewal is when the event loop was blocked past it', async () => {
     // Renewed a third of the way into its 3 s lease; the loop is blocked 1.5 s, past that moment.
     const lock = await app.locks.acquire('h:overdue', { leaseMs: 3_000, watchdog: true });
-    const until = performance.now() + 1_500;
-    while (performance.now() < until) {
-      /* blocked: the watchdog's timer cannot run */
-    }
+    stall(1_500); // the watchdog's timer cannot run meanwhile
     const health = app.locks.health(); // read before any timer runs
     expect((await health).renewalOverdueMs).toBeGreaterThanOrEqual(400);
     await lock.release();

@@ -297,13 +297,15 @@ describe('LockModule', () => {
     expect(failure).toBeInstanceOf(LockConfigurationError);
   });
 
+  /** A module that does not import LockModule, with a provider that injects LockService. */
+  @Injectable()
+  class Jobs {
+    constructor(readonly locks: LockService) {}
+  }
+  @Module({ providers: [Jobs] })
+  class JobsModule {}
+
   it('is injectable everywhere with isGlobal', async () => {
-    @Injectable()
-    class Jobs {
-      constructor(readonly locks: LockService) {}
-    }
-    @Module({ providers: [Jobs] })
-    class JobsModule {}
     const moduleRef = await Test.createTestingModule({
       imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true }), JobsModule],
     }).compile();
@@ -312,12 +314,6 @@ describe('LockModule', () => {
   });
 
   it('is not global without isGlobal: a module that does not import LockModule cannot inject LockService', async () => {
-    @Injectable()
-    class Jobs {
-      constructor(readonly locks: LockService) {}
-    }
-    @Module({ providers: [Jobs] })
-    class JobsModule {}
     const failure = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url }), JobsModule] })
       .setLogger(new CapturingLogger())
       .compile()

@@ -249,7 +249,7 @@ export async function stallInTimer(ms: number, then?: () => void): Promise<void>
 }
 
 /** Keeps this thread busy for `ms`: no timer fires and no socket is read meanwhile. */
-function stall(ms: number): void {
+export function stall(ms: number): void {
   const stalled = performance.now();
   while (performance.now() - stalled < ms);
 }
