@@ -1,7 +1,7 @@
 // `npm run sample`: builds the demo app and starts two instances of it that share one Redis.
 // Redis: $REDIS_URL if set; else 127.0.0.1:6379 if it answers; else a private redis-server started
 // here (and stopped on exit) when the binary is installed; else it explains how to get Redis.
-// Ports: $PORT_A (default 3000) and $PORT_B (default 3001).
+// Ports: $PORT_A (default 3000) and $PORT_B (default 3001); 0 takes a free port (each instance prints its own).
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { createConnection, createServer } from 'node:net';

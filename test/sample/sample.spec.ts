@@ -6,7 +6,7 @@ import type { INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { LockService } from '../../lib/index.js';
 import { CapturingLogger, listening, nextEvent } from '../support/lock-testing.js';
-import { freePort, RedisServer } from '../support/redis-server.js';
+import { RedisServer } from '../support/redis-server.js';
 
 // The demo's job fires every 5 s; every second here, set before the sample is loaded.
 process.env.SAMPLE_INTEREST_CRON = '* * * * * *';
@@ -114,7 +114,7 @@ describe('sample app without any Redis (in-process store)', () => {
 class Command {
   private readonly child: ChildProcess;
   private output = '';
-  private readonly waits: { pattern: RegExp; resolve: () => void }[] = [];
+  private readonly waits: { pattern: RegExp; resolve: (match: RegExpExecArray) => void }[] = [];
   readonly exited: Promise<number | null>;
 
   /** `command` is this Node by default (the Node the suite runs on), or a command found on PATH. */
@@ -123,19 +123,23 @@ class Command {
     this.child = spawn(command, args, { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     const read = (chunk: Buffer) => {
       this.output += chunk.toString();
-      for (const wait of [...this.waits]) if (wait.pattern.test(this.output)) (this.waits.splice(this.waits.indexOf(wait), 1), wait.resolve());
+      for (const wait of [...this.waits]) {
+        const match = wait.pattern.exec(this.output);
+        if (match) (this.waits.splice(this.waits.indexOf(wait), 1), wait.resolve(match));
+      }
     };
     this.child.stdout!.on('data', read);
     this.child.stderr!.on('data', read);
     this.exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
   }
 
-  /** Resolves once the output matches `pattern`; fails (with the output) if the command exits first or after 60 s. */
-  line(pattern: RegExp): Promise<void> {
-    if (pattern.test(this.output)) return Promise.resolve();
+  /** Resolves with the match once the output matches `pattern`; fails (with the output) if the command exits first or after 60 s. */
+  line(pattern: RegExp): Promise<RegExpExecArray> {
+    const match = pattern.exec(this.output);
+    if (match) return Promise.resolve(match);
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`no ${pattern} within 60 s:\n${this.output}`)), 60_000);
-      this.waits.push({ pattern, resolve: () => (clearTimeout(timer), resolve()) });
+      this.waits.push({ pattern, resolve: (m) => (clearTimeout(timer), resolve(m)) });
       void this.exited.then((code) => (clearTimeout(timer), reject(new Error(`exited (${code}) before ${pattern}:\n${this.output}`))));
     });
   }
@@ -160,13 +164,15 @@ describe('the demo as the README starts it', () => {
   });
 
   it('npm run sample: builds, starts instances A and B on one Redis, which share accounts and locks; Ctrl-C stops both', async () => {
-    const a = await freePort();
-    let b = await freePort();
-    while (b === a) b = await freePort();
-    const demo = new Command(['scripts/sample.mjs'], { REDIS_URL: redis.url, PORT_A: String(a), PORT_B: String(b) });
+    // Port 0: each instance takes a free port when it listens and prints it (a port probed free
+    // beforehand can be taken by another process before the instance binds it).
+    const demo = new Command(['scripts/sample.mjs'], { REDIS_URL: redis.url, PORT_A: '0', PORT_B: '0' });
     try {
-      await demo.line(new RegExp(`\\[A\\] instance A listening on http://127\\.0\\.0\\.1:${a} \\(locks in ${redis.url}\\)`));
-      await demo.line(new RegExp(`\\[B\\] instance B listening on http://127\\.0\\.0\\.1:${b} \\(locks in ${redis.url}\\)`));
+      const listeningOn = (instance: string) =>
+        demo.line(new RegExp(`\\[${instance}\\] instance ${instance} listening on http://127\\.0\\.0\\.1:(\\d+) \\(locks in ${redis.url}\\)`)).then((m) => Number(m[1]));
+      const a = await listeningOn('A');
+      const b = await listeningOn('B');
+      expect([a, b]).not.toContain(0);
       const post = (port: number, path: string, amount: number) =>
         fetch(`http://127.0.0.1:${port}/accounts/5${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ amount }) }).then((r) => r.json());
       expect(await post(a, '/deposit', 100)).toEqual({ id: '5', balance: 100, instance: 'A' });
@@ -180,12 +186,13 @@ describe('the demo as the README starts it', () => {
   });
 
   it('npx nest start: the root nest-cli.json builds and starts one instance', async () => {
-    const port = await freePort();
     // Literally `npx nest start`: the Nest CLI runs on the Node of the PATH, not on the Node the
     // suite runs on (the Nest 11 run's Node 20.19.0, on which the CLI itself fails; see the README).
-    const nest = new Command(['nest', 'start'], { REDIS_URL: redis.url, PORT: String(port), INSTANCE: 'N' }, 'npx');
+    // PORT=0: it takes a free port when it listens and prints it.
+    const nest = new Command(['nest', 'start'], { REDIS_URL: redis.url, PORT: '0', INSTANCE: 'N' }, 'npx');
     try {
-      await nest.line(new RegExp(`instance N listening on http://127\\.0\\.0\\.1:${port} \\(locks in ${redis.url}\\)`));
+      const port = Number((await nest.line(new RegExp(`instance N listening on http://127\\.0\\.0\\.1:(\\d+) \\(locks in ${redis.url}\\)`)))[1]);
+      expect(port).not.toBe(0);
       const post = (path: string, amount: number) =>
         fetch(`http://127.0.0.1:${port}/accounts/6${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ amount }) }).then((r) => r.json());
       expect(await post('/deposit', 40)).toEqual({ id: '6', balance: 40, instance: 'N' });
