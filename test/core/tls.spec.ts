@@ -27,9 +27,8 @@ describe('Redis over TLS', () => {
   let raw: Redis;
   let tlsPort: number;
   beforeAll(async () => {
-    tlsPort = await freePort();
     // The plain port stays, for the test's own inspection; the apps use the TLS port only.
-    redis = await RedisServer.start(tlsArgs(tlsPort));
+    redis = await RedisServer.start(async () => tlsArgs((tlsPort = await freePort())));
     raw = redis.client();
   });
   afterAll(async () => {

@@ -21,11 +21,13 @@ export class RedisCluster {
     const servers: RedisServer[] = [];
     try {
       for (let i = 0; i < masters * (1 + replicas); i++) {
-        const bus = await freePort();
-        const more = typeof args === 'function' ? await args(i) : args;
-        servers.push(
-          await RedisServer.start(['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000', ...more]),
-        );
+        // A function: each attempt of RedisServer.start probes a new bus port (and the node's own ports).
+        const nodeArgs = async () => {
+          const bus = await freePort();
+          const more = typeof args === 'function' ? await args(i) : args;
+          return ['--cluster-enabled', 'yes', '--cluster-port', String(bus), '--cluster-config-file', `nodes-${bus}.conf`, '--cluster-node-timeout', '2000', ...more];
+        };
+        servers.push(await RedisServer.start(nodeArgs));
       }
       const nodes = servers.map((s) => `127.0.0.1:${s.port}`);
       await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', String(replicas), '--cluster-yes'], { timeout: 30_000 });

@@ -129,7 +129,17 @@ class SentinelProcess {
   ) {}
 
   static async start(masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {
-    const port = await freePort();
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await SentinelProcess.startOn(await freePort(), masterPort, failoverTimeoutMs);
+      } catch (error) {
+        // The probed port may have been taken before the sentinel bound it: try another.
+        if (attempt >= 4) throw error;
+      }
+    }
+  }
+
+  private static async startOn(port: number, masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {
     const dir = mkdtempSync(join(tmpdir(), 'nestjs-locked-sentinel-'));
     const conf = join(dir, 'sentinel.conf');
     writeFileSync(
@@ -147,7 +157,12 @@ class SentinelProcess {
     );
     const child = spawnUntilReady([conf, '--sentinel'], '+monitor master', `sentinel on port ${port}`);
     const s = new SentinelProcess(port, child.process, dir);
-    await child.ready;
+    try {
+      await child.ready;
+    } catch (error) {
+      await s.stop();
+      throw error;
+    }
     return s;
   }
 

@@ -19,15 +19,19 @@ export class RedisServer {
     private readonly extraArgs: string[],
   ) {}
 
-  /** Starts a server on a free port and resolves once it accepts connections. */
-  static async start(extraArgs: string[] = []): Promise<RedisServer> {
+  /**
+   * Starts a server on a free port and resolves once it accepts connections. `extraArgs` may be a
+   * function, called again on each attempt, for arguments that name more ports of their own.
+   */
+  static async start(extraArgs: string[] | (() => Promise<string[]>) = []): Promise<RedisServer> {
     for (let attempt = 0; ; attempt++) {
-      const server = new RedisServer(await freePort(), extraArgs);
+      const server = new RedisServer(await freePort(), typeof extraArgs === 'function' ? await extraArgs() : extraArgs);
       try {
         await server.launch();
         return server;
       } catch (error) {
-        // Another process may have taken the port between probing and binding: try another.
+        // Another process (or an outgoing connection's local port) may have taken a port between
+        // probing and binding: try others.
         if (attempt >= 4) throw error;
       }
     }
