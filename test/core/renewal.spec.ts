@@ -4,7 +4,7 @@ import { filter, first, firstValueFrom, map, throwError, timeout } from 'rxjs';
 import { LockLostError } from '../../lib/index.js';
 import type { LockStore } from '../../lib/store/lock-store.js';
 import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
-import { aborted, nextEvent, nextEvents, stallAfterSending, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, nextEvent, nextEvents, stall, stallAfterSending, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 const LEASE = 600; // renewed every 200 ms
 
@@ -103,6 +103,17 @@ describe('renewal and loss', () => {
     }
     const reason = (await aborted(lock.signal)) as LockLostError;
     expect(reason.reason).toBe('lease-expired');
+  });
+
+  it('reports the loss on reading signal or isHeld right after the event loop was blocked past the lease, before any timer has run', async () => {
+    const a = await app.locks.acquire('blocked:read-signal', { leaseMs: 300, watchdog: true });
+    const b = await app.locks.acquire('blocked:read-isheld', { leaseMs: 300, watchdog: true });
+    expect([a.signal.aborted, b.isHeld]).toEqual([false, true]);
+    stall(500);
+    // Synchronously after the stall: no timer of the watchdog's has had a chance to run.
+    expect(a.signal.aborted).toBe(true);
+    expect((a.signal.reason as LockLostError).reason).toBe('lease-expired');
+    expect(b.isHeld).toBe(false);
   });
 
   it('never hands out a grant whose lease ran out before its reply was read (the event loop was blocked meanwhile)', async () => {

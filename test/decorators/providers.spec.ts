@@ -74,6 +74,13 @@ class Ledger {
     return name;
   }
 
+  /** Gives its lock back early, then takes the key again in the same context, and returns that hold. */
+  @Locked('early:<0>', { minHoldMs: 60_000 })
+  async releaseEarlyAndRetake(name: string) {
+    await this.locks.current()!.release();
+    return this.locks.acquire(`early:${name}`);
+  }
+
   @Locked('sync:<0>')
   failAtOnce(name: string): string {
     throw new Error(`refused ${name}`);
@@ -221,6 +228,29 @@ describe('@Locked on provider methods called directly', () => {
     expect(await ledger.quickJob('q1')).toBeUndefined();
     expect((await expired) - started).toBeGreaterThanOrEqual(1_400);
     expect(await ledger.quickJob('q1')).toBe('q1');
+  });
+
+  it('keeps nothing for minHoldMs once the method released its own lock, and leaves alone the hold it took again after', async () => {
+    const events: string[] = [];
+    const watching = locks.events$.subscribe((e) => e.key === 'early:e1' && events.push(e.type));
+    const retaken = await ledger.releaseEarlyAndRetake('e1');
+    watching.unsubscribe();
+    try {
+      // The method's own release, then its new hold (its context held nothing any more: a new
+      // owner): the call's end sent no second release, which would report the lock lost.
+      expect(events).toEqual(['acquired', 'released', 'acquired']);
+      // The hold taken after the early release is intact.
+      expect(retaken.holdCount).toBe(1);
+      expect(await locks.holdCount('early:e1', { owner: retaken.owner })).toBe(1);
+      // Under the watchdog's lease (renewed), not left as a fixed 60 s lease by minHoldMs.
+      const ttl = await raw.pttl('lock:{early:e1}');
+      expect(ttl).toBeGreaterThan(0);
+      expect(ttl).toBeLessThanOrEqual(locks.settings.leaseMs);
+    } finally {
+      await retaken.release();
+    }
+    // Its release was the last hold: nothing of minHoldMs's 60 s is left.
+    expect(await raw.exists('lock:{early:e1}')).toBe(0);
   });
 
   it('releases the lock of a method that throws before returning (not async), and rejects with its error', async () => {
