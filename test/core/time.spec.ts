@@ -1,8 +1,9 @@
-import { describe, expect, it } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
+import { globalTime, withTimeout } from '../../lib/internal/time.js';
 
 const built = pathToFileURL(join(dirname(fileURLToPath(import.meta.url)), '..', '..', '.test-build', 'lib', 'internal', 'time.js')).href;
 
@@ -25,5 +26,83 @@ describe('withTimeout', () => {
     const [, message, ms] = /^(.*) (\d+)$/.exec(stdout.trim())!;
     expect(message).toBe('the bound');
     expect(Number(ms)).toBeLessThan(1_500);
+  });
+
+  /** Runs `body` in a Node process of its own, with `withTimeout` imported; resolves with what it printed. */
+  const inProcess = async (body: string, timeout = 20_000) =>
+    (await promisify(execFile)(process.execPath, ['--input-type=module', '-e', `import { withTimeout } from ${JSON.stringify(built)};\n${body}`], { timeout })).stdout.trim();
+
+  it('never keeps the process alive: a process whose only work is a bounded wait ends at once', async () => {
+    // A 60 s bound on a promise that never settles, and nothing else: the process ends when its
+    // script does (execFile gives up after 20 s).
+    const out = await inProcess(`
+      const started = performance.now();
+      withTimeout(new Promise(() => {}), 60_000, () => new Error('the bound'));
+      process.on('exit', () => console.log('ended after', Math.round(performance.now() - started)));
+    `);
+    expect(Number(/^ended after (\d+)$/.exec(out)![1])).toBeLessThan(10_000);
+  });
+
+  it('calls onTimeout only at its bound: not after the promise settled, whether it resolved or rejected', async () => {
+    // Both settle at once; the process then stays 3 bounds long, its own timer ordered after theirs.
+    const out = await inProcess(`
+      const late = (what) => () => (console.log('onTimeout after', what), new Error(what));
+      await withTimeout(Promise.resolve(1), 100, late('resolved'));
+      await withTimeout(Promise.reject(new Error('no')), 100, late('rejected')).catch(() => undefined);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      console.log('done');
+    `);
+    expect(out).toBe('done');
+  });
+
+  it("swallows the late rejection of the promise it gave up on: no unhandled rejection", async () => {
+    const out = await inProcess(`
+      process.on('unhandledRejection', (e) => console.log('unhandled', e.message));
+      const alive = setInterval(() => {}, 1_000); // the bound's timer is unref'd
+      let fail;
+      const given = new Promise((_, reject) => (fail = reject));
+      console.log(await withTimeout(given, 50, () => new Error('the bound')).catch((e) => e.message));
+      fail(new Error('too late'));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      clearInterval(alive);
+      console.log('done');
+    `);
+    expect(out.split('\n')).toEqual(['the bound', 'done']);
+  });
+
+  it('rejects at once, with no warning from Node, for a bound already past (negative)', async () => {
+    const out = await inProcess(`
+      process.on('warning', (w) => console.log('warning', w.name));
+      const alive = setInterval(() => {}, 1_000); // the bound's timer is unref'd
+      console.log(await withTimeout(new Promise(() => {}), -5, () => new Error('the bound')).catch((e) => e.message));
+      await new Promise((resolve) => setTimeout(resolve, 50)); // a warning is emitted on the next tick
+      clearInterval(alive);
+      console.log('done');
+    `);
+    expect(out.split('\n')).toEqual(['the bound', 'done']);
+  });
+
+  it('has no bound when given Infinity: the promise settles as it would', async () => {
+    const out = await inProcess(`
+      process.on('warning', (w) => console.log('warning', w.name));
+      console.log(await withTimeout(new Promise((resolve) => setTimeout(() => resolve('settled'), 50)), Infinity, () => new Error('the bound')));
+    `);
+    expect(out).toBe('settled');
+  });
+
+  it("on the globals' time (the memory store's), runs its rejection on a test's fake timers", async () => {
+    jest.useFakeTimers();
+    try {
+      const bounded = withTimeout(new Promise(() => {}), 100, () => new Error('the bound'), globalTime);
+      let outcome = 'pending';
+      bounded.catch((e: Error) => (outcome = e.message));
+      jest.advanceTimersByTime(100); // the bound's timer: it queues the rejection on setImmediate
+      jest.runOnlyPendingTimers(); // the faked setImmediate: the rejection
+      // Microtasks only: a real setImmediate would not have run yet.
+      for (let i = 0; i < 3; i++) await Promise.resolve();
+      expect(outcome).toBe('the bound');
+    } finally {
+      jest.useRealTimers();
+    }
   });
 });
