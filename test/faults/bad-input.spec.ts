@@ -117,7 +117,8 @@ const cases: Case[] = [
   { entry: 'acquire(key)', input: 'empty key', outcome: LockKeyError, says: /must not be empty/, run: ({ locks }) => locks.acquire('') },
   { entry: 'acquire(key)', input: `key longer than ${MAX_KEY_LENGTH} characters`, outcome: LockKeyError, says: /at most 1024 characters/, run: ({ locks }) => locks.acquire('k'.repeat(MAX_KEY_LENGTH + 1)) },
   { entry: 'acquire(key)', input: 'non-string key (42)', outcome: LockKeyError, says: /must be a string; got 42/, run: ({ locks }) => locks.acquire(42 as never) },
-  { entry: 'acquire(key)', input: 'key with braces', outcome: LockKeyError, says: /remove the braces/, run: ({ locks }) => locks.acquire('a{b}') },
+  { entry: 'acquire(key)', input: 'key with an opening brace', outcome: LockKeyError, says: /remove the braces/, run: ({ locks }) => locks.acquire('a{b') },
+  { entry: 'acquire(key)', input: 'key with a closing brace', outcome: LockKeyError, says: /remove the braces/, run: ({ locks }) => locks.acquire('a}b') },
   { entry: 'acquire([keys])', input: 'empty array', outcome: LockKeyError, says: /at least one key/, run: ({ locks }) => locks.acquire([]) },
   { entry: 'run(key, fn)', input: 'fn not a function', outcome: LockConfigurationError, says: /fn must be a function/, run: ({ locks }) => locks.run('k', 5 as never) },
   // durations and options
