@@ -90,7 +90,10 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     const bWoke = b.sleep(10_000);
     // A's lease runs out with nothing to announce it (as when A's process crashed).
     await until(async () => !(await store.inspect(key, undefined)).locked, 5_000, "A's lease run out");
-    expect((await store.acquire({ key, owner: 'C', ...fair })).granted).toBe(false);
+    const newcomer = await store.acquire({ key, owner: 'C', ...fair });
+    expect(newcomer.granted).toBe(false);
+    // C is told to sleep a while (B's handover lease, or what is left of B's place), not 0 ms.
+    expect(!newcomer.granted && newcomer.ttlMs).toBeGreaterThan(0);
     expect(await bWoke).toBe(headWakes);
     expect(await store.acquire({ key, owner: 'B', ...fair, waitId: b.waitId })).toMatchObject({ granted: true, holdCount: 1 });
     b.close();
@@ -106,6 +109,10 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.acquire({ key: 'contract:read-lease', owner: 'A', leaseMs: 1_000, mode: 'read' })).toMatchObject({ granted: true, holdCount: 2 });
     expect(await store.acquire({ key: 'contract:read-lease', owner: 'B', leaseMs: 1_000, mode: 'read' })).toMatchObject({ granted: true, holdCount: 1 });
     expect((await store.inspect('contract:read-lease', 'B', 'read')).ttlMs).toBeGreaterThan(19_000);
+    // A read hold is counted on the read side: A's two, B's one, and no plain hold of A's.
+    expect((await store.inspect('contract:read-lease', 'A', 'read')).holdCount).toBe(2);
+    expect((await store.inspect('contract:read-lease', 'B', 'read')).holdCount).toBe(1);
+    expect((await store.inspect('contract:read-lease', 'A')).holdCount).toBe(0);
     expect(await store.releaseAll('contract:lease', 'A')).toBe(true);
     expect(await store.releaseAll('contract:read-lease', 'A', 'read')).toBe(true);
     expect(await store.releaseAll('contract:read-lease', 'B', 'read')).toBe(true);
@@ -117,7 +124,10 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     const group = await store.acquireMany!(['contract:m1', 'contract:m2'], 'A', 10_000);
     expect(group).toEqual({ granted: true, grants: [{ holdCount: 2, fencingToken: held.fencingToken }, { holdCount: 1, fencingToken: expect.any(Number) }] });
     expect((await store.inspect('contract:m1', 'A')).holdCount).toBe(2);
-    expect(await store.acquireMany!(['contract:m3', 'contract:m2'], 'B', 10_000)).toEqual({ granted: false, blockedBy: 'contract:m2', ttlMs: expect.any(Number) });
+    const blocked = await store.acquireMany!(['contract:m3', 'contract:m2'], 'B', 10_000);
+    expect(blocked).toEqual({ granted: false, blockedBy: 'contract:m2', ttlMs: expect.any(Number) });
+    // How long to sleep at most: what is left of the blocking lock's lease (10 s).
+    expect(blocked.granted === false && blocked.ttlMs).toBeGreaterThan(9_000);
     expect((await store.inspect('contract:m3', undefined)).locked).toBe(false);
     for (const key of ['contract:m1', 'contract:m2']) expect(await store.releaseAll(key, 'A')).toBe(true);
   });
@@ -138,6 +148,9 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
       stopped?.mockRestore();
     }
     const tokens = (await Promise.all(grants)).map((g) => (g as { fencingToken: number }).fencingToken);
+    // Not a bare counter: at least the wall clock in microseconds (give or take a minute between
+    // the clocks), so that a counter forgotten or lost still never goes back.
+    expect(tokens[0]).toBeGreaterThan((Date.now() - 60_000) * 1_000);
     expect(await Promise.all(releases)).toEqual(releases.map(() => 0));
     const repeated = tokens.filter((t, i) => i > 0 && t <= tokens[i - 1]!);
     expect(repeated).toEqual([]);
@@ -194,5 +207,88 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.releaseAll(key, 'R', 'read')).toBe(true);
     expect(await store.releaseAll(key, 'W', 'read')).toBe(true);
     expect((await store.inspect(key, undefined)).locked).toBe(false);
+  });
+
+  it('lets a writer that holds the write lock take its read side while another writer waits', async () => {
+    const key = 'contract:rw-own-read';
+    expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write', queueTimeoutMs: 5_000 })).granted).toBe(false);
+    // X waits for the write lock; W reading its own lock is not one of the readers X goes before.
+    expect(await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'read' })).toMatchObject({ granted: true, holdCount: 1 });
+    expect((await store.acquire({ key, owner: 'R', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
+    expect(await store.releaseAll(key, 'W', 'read')).toBe(true);
+    expect(await store.releaseAll(key, 'W', 'write')).toBe(true);
+    await store.abandon(key, 'X', 'write', false);
+  });
+
+  it('tells a reader kept out only by a waiting writer (the lock free) how long that writer keeps its place', async () => {
+    const key = 'contract:rw-writer-place';
+    expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write', queueTimeoutMs: 5_000 })).granted).toBe(false);
+    expect(await store.release(key, 'R1', 'read')).toBe(0);
+    // Free, but X has not come back yet: R2 stays out, for up to what is left of X's place (5 s).
+    const r2 = await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' });
+    expect(r2.granted).toBe(false);
+    expect(!r2.granted && r2.ttlMs).toBeGreaterThan(4_000);
+    expect(!r2.granted && r2.ttlMs).toBeLessThanOrEqual(5_000);
+    await store.abandon(key, 'X', 'write', false);
+  });
+
+  it('lets readers in at once when a waiting writer gives up (abandon), without waiting for its place to lapse', async () => {
+    const key = 'contract:rw-writer-gone';
+    expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write', queueTimeoutMs: 60_000 })).granted).toBe(false);
+    expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
+    await store.abandon(key, 'X', 'write', false);
+    expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
+  });
+
+  /** Attempts every 100 ms for `ms` (past the place's 300 ms timeout), each refused: the waiter keeps coming back. */
+  const keepAttempting = async (ms: number, attempt: () => Promise<{ granted: boolean }>) => {
+    const end = performance.now() + ms;
+    while (performance.now() < end) {
+      expect((await attempt()).granted).toBe(false);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  };
+  const place = { leaseMs: 10_000, queueTimeoutMs: 300 } as const;
+
+  it("keeps a waiting writer's place, and a fair waiter's, for as long as it attempts again within the queue timeout", async () => {
+    const key = 'contract:places-kept';
+    expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    await keepAttempting(900, () => store.acquire({ key, owner: 'X', ...place, mode: 'write' }));
+    // Three timeouts after X's first attempt, its place still keeps readers out.
+    expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
+    expect(await store.release(key, 'R1', 'read')).toBe(0);
+    expect((await store.acquire({ key, owner: 'X', ...place, mode: 'write' })).granted).toBe(true);
+    expect(await store.release(key, 'X', 'write')).toBe(0);
+
+    const fairKey = 'contract:fair-place-kept';
+    expect((await store.acquire({ key: fairKey, owner: 'A', ...fair })).granted).toBe(true);
+    await keepAttempting(900, () => store.acquire({ key: fairKey, owner: 'B', ...fair, ...place }));
+    expect(await store.release(fairKey, 'A')).toBe(0);
+    // Still the head of the queue: the lock is B's (handed over, or waiting for it), never newcomer C's.
+    expect((await store.acquire({ key: fairKey, owner: 'C', ...fair })).granted).toBe(false);
+    expect(await store.acquire({ key: fairKey, owner: 'B', ...fair })).toMatchObject({ granted: true, holdCount: 1 });
+    expect(await store.release(fairKey, 'B')).toBe(0);
+    await store.abandon(fairKey, 'C', 'exclusive', true);
+  });
+
+  it("drops a writer's place, and a fair waiter's, once it has not attempted for the queue timeout (its process gone)", async () => {
+    const key = 'contract:places-lapsed';
+    expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', ...place, mode: 'write' })).granted).toBe(false);
+    const fairKey = 'contract:fair-place-lapsed';
+    expect((await store.acquire({ key: fairKey, owner: 'A', ...fair })).granted).toBe(true);
+    expect((await store.acquire({ key: fairKey, owner: 'B', ...fair, ...place })).granted).toBe(false);
+    // X and B never come back: after their 300 ms, readers get in and the fair lock goes to the next comer.
+    await until(async () => (await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted, 5_000, "X's place lapsed");
+    for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
+    // A leaves: the lock goes to C once B's place (or, on Redis, the short lease it was handed the
+    // lock with, if its place was still there) has run out with B never back.
+    expect(await store.release(fairKey, 'A')).toBe(0);
+    await until(async () => (await store.acquire({ key: fairKey, owner: 'C', ...fair })).granted, 5_000, "B's place lapsed");
+    expect(await store.release(fairKey, 'C')).toBe(0);
   });
 });
