@@ -244,35 +244,50 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
   });
 
-  /** Attempts every 100 ms for `ms` (past the place's 300 ms timeout), each refused: the waiter keeps coming back. */
-  const keepAttempting = async (ms: number, attempt: () => Promise<{ granted: boolean }>) => {
+  /**
+   * For `ms` (past the place's 1 s timeout), every 100 ms: `probe` (another owner, who must not get
+   * ahead of the waiter at any moment), then the waiter's own attempt, refused: it keeps coming back.
+   */
+  const keepAttempting = async (ms: number, probe: () => Promise<{ granted: boolean }>, attempt: () => Promise<{ granted: boolean }>) => {
     const end = performance.now() + ms;
+    expect((await attempt()).granted).toBe(false);
     while (performance.now() < end) {
-      expect((await attempt()).granted).toBe(false);
       await new Promise((resolve) => setTimeout(resolve, 100));
+      expect((await probe()).granted).toBe(false);
+      expect((await attempt()).granted).toBe(false);
     }
   };
-  const place = { leaseMs: 10_000, queueTimeoutMs: 300 } as const;
+  // 1 s: ten attempts per timeout, so that a loaded machine's stall between two does not lose the place.
+  const place = { leaseMs: 10_000, queueTimeoutMs: 1_000 } as const;
 
   it("keeps a waiting writer's place, and a fair waiter's, for as long as it attempts again within the queue timeout", async () => {
     const key = 'contract:places-kept';
     expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
-    await keepAttempting(900, () => store.acquire({ key, owner: 'X', ...place, mode: 'write' }));
-    // Three timeouts after X's first attempt, its place still keeps readers out.
-    expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
+    // Throughout 2.5 timeouts, X's place keeps a new reader out.
+    await keepAttempting(
+      2_500,
+      () => store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' }),
+      () => store.acquire({ key, owner: 'X', ...place, mode: 'write' }),
+    );
     expect(await store.release(key, 'R1', 'read')).toBe(0);
     expect((await store.acquire({ key, owner: 'X', ...place, mode: 'write' })).granted).toBe(true);
     expect(await store.release(key, 'X', 'write')).toBe(0);
 
     const fairKey = 'contract:fair-place-kept';
     expect((await store.acquire({ key: fairKey, owner: 'A', ...fair })).granted).toBe(true);
-    await keepAttempting(900, () => store.acquire({ key: fairKey, owner: 'B', ...fair, ...place }));
+    // Throughout 2.5 timeouts, B stays ahead of C, who queues meanwhile.
+    await keepAttempting(
+      2_500,
+      () => store.acquire({ key: fairKey, owner: 'C', ...fair }),
+      () => store.acquire({ key: fairKey, owner: 'B', ...fair, ...place }),
+    );
     expect(await store.release(fairKey, 'A')).toBe(0);
-    // Still the head of the queue: the lock is B's (handed over, or waiting for it), never newcomer C's.
+    // B is still the head of the queue: the lock is B's (handed over, or waiting for it), not C's.
     expect((await store.acquire({ key: fairKey, owner: 'C', ...fair })).granted).toBe(false);
     expect(await store.acquire({ key: fairKey, owner: 'B', ...fair })).toMatchObject({ granted: true, holdCount: 1 });
     expect(await store.release(fairKey, 'B')).toBe(0);
-    await store.abandon(fairKey, 'C', 'exclusive', true);
+    expect(await store.acquire({ key: fairKey, owner: 'C', ...fair })).toMatchObject({ granted: true, holdCount: 1 });
+    expect(await store.release(fairKey, 'C')).toBe(0);
   });
 
   it("drops a writer's place, and a fair waiter's, once it has not attempted for the queue timeout (its process gone)", async () => {
@@ -282,7 +297,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     const fairKey = 'contract:fair-place-lapsed';
     expect((await store.acquire({ key: fairKey, owner: 'A', ...fair })).granted).toBe(true);
     expect((await store.acquire({ key: fairKey, owner: 'B', ...fair, ...place })).granted).toBe(false);
-    // X and B never come back: after their 300 ms, readers get in and the fair lock goes to the next comer.
+    // X and B never come back: after their 1 s, readers get in and the fair lock goes to the next comer.
     await until(async () => (await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted, 5_000, "X's place lapsed");
     for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
     // A leaves: the lock goes to C once B's place (or, on Redis, the short lease it was handed the
