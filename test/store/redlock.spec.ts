@@ -521,6 +521,13 @@ describe('Redlock over 3 independent servers', () => {
       expect(failure.message).toContain(`needs 2 of 3 nodes; 1 answered: 127.0.0.1:${nodes[0]!.port} granted`);
       // The one node that granted was given its hold back.
       expect(await nodes[0]!.client().exists('lock:{rl:majority}')).toBe(0);
+      // A node that answered "held by another owner" is named with that vote.
+      await nodes[0]!.client().multi().hset('lock:{rl:majority-held}', 'someone', '1').pexpire('lock:{rl:majority-held}', 30_000).exec();
+      const refused = (await app.locks.acquire('rl:majority-held').catch((e: unknown) => e)) as LockQuorumError;
+      expect(refused).toBeInstanceOf(LockQuorumError);
+      expect(refused.votes.map((v: RedlockVote) => v.vote)).toEqual(['held', 'error', 'error']);
+      expect(refused.message).toContain(`1 answered: 127.0.0.1:${nodes[0]!.port} held`);
+      await nodes[0]!.client().del('lock:{rl:majority-held}');
     } finally {
       await nodes[1]!.launch();
       await nodes[2]!.launch();
@@ -574,6 +581,17 @@ describe('Redlock over 3 independent servers', () => {
       const ttl = await app.locks.remainingTtl('rl:ttl');
       expect(ttl).toBeGreaterThan(19_000);
       expect(ttl).toBeLessThanOrEqual(20_000);
+      expect(await app.locks.isLocked('rl:ttl')).toBe(true);
+      // Once only one node keeps it (a minority, as a grant given back everywhere else), it is free,
+      // also when that node's answer is one of the two that come in (the third node frozen).
+      await nodes[1]!.client().del(name);
+      nodes[2]!.pause();
+      try {
+        expect(await app.locks.isLocked('rl:ttl')).toBe(false);
+        expect(await app.locks.remainingTtl('rl:ttl')).toBeNull();
+      } finally {
+        nodes[2]!.resume();
+      }
     } finally {
       await Promise.all(nodes.map((n) => n.client().del(name)));
     }
