@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { freePort, RedisServer, replicaAcknowledges, spawnUntilReady, tcpProxy, until } from './redis-server.js';
+import { onFreePort, RedisServer, replicaAcknowledges, spawnUntilReady, tcpProxy, until } from './redis-server.js';
 
 const MASTER_NAME = 'locks';
 
@@ -128,15 +128,8 @@ class SentinelProcess {
     private readonly dir: string,
   ) {}
 
-  static async start(masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await SentinelProcess.startOn(await freePort(), masterPort, failoverTimeoutMs);
-      } catch (error) {
-        // The probed port may have been taken before the sentinel bound it: try another.
-        if (attempt >= 4) throw error;
-      }
-    }
+  static start(masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {
+    return onFreePort((port) => SentinelProcess.startOn(port, masterPort, failoverTimeoutMs));
   }
 
   private static async startOn(port: number, masterPort: number, failoverTimeoutMs: number): Promise<SentinelProcess> {

@@ -23,18 +23,12 @@ export class RedisServer {
    * Starts a server on a free port and resolves once it accepts connections. `extraArgs` may be a
    * function, called again on each attempt, for arguments that name more ports of their own.
    */
-  static async start(extraArgs: string[] | (() => Promise<string[]>) = []): Promise<RedisServer> {
-    for (let attempt = 0; ; attempt++) {
-      const server = new RedisServer(await freePort(), typeof extraArgs === 'function' ? await extraArgs() : extraArgs);
-      try {
-        await server.launch();
-        return server;
-      } catch (error) {
-        // Another process (or an outgoing connection's local port) may have taken a port between
-        // probing and binding: try others.
-        if (attempt >= 4) throw error;
-      }
-    }
+  static start(extraArgs: string[] | (() => Promise<string[]>) = []): Promise<RedisServer> {
+    return onFreePort(async (port) => {
+      const server = new RedisServer(port, typeof extraArgs === 'function' ? await extraArgs() : extraArgs);
+      await server.launch();
+      return server;
+    });
   }
 
   get url(): string {
@@ -202,6 +196,20 @@ export async function replicaAcknowledges(master: Redis): Promise<boolean> {
   const acknowledged = Number(await master.wait(1, 200)) === 1;
   await master.del('harness:acknowledged');
   return acknowledged;
+}
+
+/**
+ * Runs `start` on a free port, and again on another (up to 5 attempts) when it fails: another process,
+ * or an outgoing connection's local port, may take a port between probing and binding.
+ */
+export async function onFreePort<T>(start: (port: number) => Promise<T>): Promise<T> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await start(await freePort());
+    } catch (error) {
+      if (attempt >= 4) throw error;
+    }
+  }
 }
 
 /** A TCP port free on 127.0.0.1 right now. */
