@@ -38,6 +38,8 @@ describe('Redlock over 3 independent servers', () => {
    * node behind the others may not have run it yet. A writer left behind stays until its place's
    * key expires (2 x fairQueueTimeoutMs, 10 s here), so the 2 s bound still catches it.
    */
+  /** Puts `name` on `node` as held by another owner (`fields`: the lock hash's fields and values) for `ms`. */
+  const heldElsewhere = (node: RedisServer, name: string, ms: number, ...fields: string[]) => node.client().multi().hset(name, ...fields).pexpire(name, ms).exec();
   const noWaitingWriters = (name: string) =>
     until(async () => (await Promise.all(nodes.map((n) => n.client().exists(`${name}:writers`)))).every((n) => n === 0), 2_000, `a waiting writer left on a node`);
 
@@ -306,7 +308,7 @@ describe('Redlock over 3 independent servers', () => {
     try {
       late.pause();
       // Another owner holds the lock on the first two nodes only.
-      for (const node of [first, second]) await node.client().multi().hset(key, 'someone-else', '1').pexpire(key, 60_000).exec();
+      for (const node of [first, second]) await heldElsewhere(node, key, 60_000, 'someone-else', '1');
       const acquiring = patient.locks.acquire('rl:retry', { waitMs: 5_000 });
       // Refused by the first two: the attempt failed (the frozen node will grant it), and the waiter
       // sleeps until a release message.
@@ -335,7 +337,7 @@ describe('Redlock over 3 independent servers', () => {
     /** A writer granted on the other two nodes while `refusing` has a reader of someone else's, then released. */
     const writeWhileRead = async (refusing: RedisServer) => {
       const raw = refusing.client();
-      await raw.multi().hset(name, 'someone-else:read', '1', ':mode', 'read').pexpire(name, 60_000).exec();
+      await heldElsewhere(refusing, name, 60_000, 'someone-else:read', '1', ':mode', 'read');
       await raw.config('RESETSTAT');
       const writer = await elsewhere(() => app.locks.writeLock('rl:writer-place'));
       await until(async () => (await scriptCalls(raw)) > 0, 5_000, 'the refusing node never ran the attempt'); // refused: a waiting writer there
@@ -359,7 +361,7 @@ describe('Redlock over 3 independent servers', () => {
     /** `refusing` (a reader of someone else's holds the lock there) answers first, then `granting`; `late` grants once resumed and makes the quorum. */
     const refusedFirst = async (refusing: RedisServer, granting: RedisServer, late: RedisServer) => {
       const raw = refusing.client();
-      await raw.multi().hset(name, 'someone-else:read', '1', ':mode', 'read').pexpire(name, 60_000).exec();
+      await heldElsewhere(refusing, name, 60_000, 'someone-else:read', '1', ':mode', 'read');
       await Promise.all([raw.config('RESETSTAT'), granting.client().config('RESETSTAT')]);
       late.pause();
       let writer: Promise<Awaited<ReturnType<LockApp['locks']['writeLock']>>>;
@@ -522,7 +524,7 @@ describe('Redlock over 3 independent servers', () => {
       // The one node that granted was given its hold back.
       expect(await nodes[0]!.client().exists('lock:{rl:majority}')).toBe(0);
       // A node that answered "held by another owner" is named with that vote.
-      await nodes[0]!.client().multi().hset('lock:{rl:majority-held}', 'someone', '1').pexpire('lock:{rl:majority-held}', 30_000).exec();
+      await heldElsewhere(nodes[0]!, 'lock:{rl:majority-held}', 30_000, 'someone', '1');
       const refused = (await app.locks.acquire('rl:majority-held').catch((e: unknown) => e)) as LockQuorumError;
       expect(refused).toBeInstanceOf(LockQuorumError);
       expect(refused.votes.map((v: RedlockVote) => v.vote)).toEqual(['held', 'error', 'error']);
@@ -575,7 +577,7 @@ describe('Redlock over 3 independent servers', () => {
   it('reports the lease a quorum of nodes still keeps: the shorter of the two that hold the lock, when the third is free', async () => {
     const name = 'lock:{rl:ttl}';
     // Locked only where both holders answered, whichever node answers first.
-    await Promise.all(nodes.slice(0, 2).map((n, i) => n.client().multi().hset(name, 'someone', '1').pexpire(name, [30_000, 20_000][i]!).exec()));
+    await Promise.all(nodes.slice(0, 2).map((n, i) => heldElsewhere(n, name, [30_000, 20_000][i]!, 'someone', '1')));
     try {
       // Held until fewer than 2 of its leases remain: the 20 s one.
       const ttl = await app.locks.remainingTtl('rl:ttl');
