@@ -82,6 +82,25 @@ describe('multi-key locks', () => {
     await raw.del('lock:{r:2}');
   });
 
+  it('finds the locks of the enclosing contexts from inside a group: current(key) of an outer key is its handle', async () => {
+    await app.locks.run('c:outer', async (outer) => {
+      await app.locks.run(['c:2', 'c:1'], async (group) => {
+        expect(app.locks.current('c:outer')).toBe(outer);
+        expect(app.locks.current()).toBe(group.handle('c:1'));
+      });
+    });
+  });
+
+  it("sends a group's releases together, the last key (in canonical order) first", async () => {
+    const group = await app.locks.acquire(['o:b', 'o:c', 'o:a']);
+    const released: string[] = [];
+    const watching = app.locks.events$.subscribe((e) => e.type === 'released' && released.push(e.key));
+    await group.release();
+    watching.unsubscribe();
+    expect(released).toEqual(['o:c', 'o:b', 'o:a']);
+    expect(await held('o:a', 'o:b', 'o:c')).toBe(0);
+  });
+
   it('lengthens a fixed lease when a group re-enters keys with a longer one: every key stays held past the outer lease', async () => {
     await app.locks.run(['rl:1', 'rl:2'], async (outer) => {
       const inner = await app.locks.acquire(['rl:2', 'rl:1'], { leaseMs: 3_000 });
