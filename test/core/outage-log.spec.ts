@@ -27,6 +27,12 @@ describe('OutageLog: a flood of one failure is logged at most once per interval'
     advance(OUTAGE_LOG_INTERVAL_MS / 2); // the interval has passed since the first line
     log.failed('c failed');
     expect(errors).toEqual(['a failed', 'c failed (and 5 more calls failed since the previous line, not logged one by one)']);
+    // Each line counts only what came after the line before it.
+    advance(OUTAGE_LOG_INTERVAL_MS / 10);
+    log.failed('d failed');
+    advance(OUTAGE_LOG_INTERVAL_MS);
+    log.failed('e failed');
+    expect(errors.at(-1)).toBe('e failed (and 1 more calls failed since the previous line, not logged one by one)');
     expect(recoveries).toEqual([]);
   });
 
