@@ -223,17 +223,19 @@ describe('fair mode', () => {
     });
 
     it('renews a handed-over lock from its short handover lease to the full lease (watchdog)', async () => {
-      // Handover lease = queue timeout = 300 ms, lease 60 s: unless the watchdog knows the lock
-      // was handed over for 300 ms only, it renews at 20 s, long after Redis dropped it.
-      const quick = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 300, leaseMs: 60_000 });
+      // Handover lease = queue timeout = 3 s, lease 60 s: unless the watchdog knows the lock was
+      // handed over for 3 s only, it renews at 20 s, long after Redis dropped it. It renews at a
+      // third of the handover lease (1 s after the waiter's last attempt), not at its end.
+      const quick = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 3_000, leaseMs: 60_000 });
       try {
         const key = 'fair:handover-renewed';
         const holder = await other.locks.acquire(key, { fair: true });
         const { waiting } = await queuedWaiter(key, {}, quick);
-        const renewed = nextEvent(quick.locks.events$, 'renewed', (e) => e.key === key, 5_000);
+        const renewed = nextEvent(quick.locks.events$, 'renewed', (e) => e.key === key, 5_000).then(() => performance.now());
+        const releasedAt = performance.now();
         await holder.release();
         const lock = await waiting;
-        await renewed;
+        expect((await renewed) - releasedAt).toBeLessThan(2_000);
         expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(30_000);
         expect(lock.isHeld).toBe(true);
         await lock.release();
