@@ -3,14 +3,16 @@ import { EventEmitterAsyncResource } from 'node:events';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
-import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import type { Redis } from 'ioredis';
+import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { CapturingLogger, gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
   let app: LockApp;
-  usePrivateLockApp({ waitMs: 200 }, (started) => ({ redis, app } = started));
+  let raw: Redis;
+  usePrivateLockApp({ waitMs: 200 }, (started) => ({ redis, raw, app } = started));
 
   // Created outside any lock context: code run in its scope is another context, even when called
   // from inside a run() callback.
@@ -190,6 +192,21 @@ describe('owners and reentrancy', () => {
     await a.release();
     expect(await app.locks.isLocked(key)).toBe(true);
     await b.release();
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it('takes a grant of a lock its owner had lost unnoticed as fresh: the old handle is told, and its release leaves the new hold alone', async () => {
+    const key = 'token:lost-unnoticed';
+    const old = await app.locks.acquire(key, { owner: 'job-9', leaseMs: 60_000 });
+    await raw.del(`lock:{${key}}`); // gone from Redis, and nothing has told this process
+    const fresh = await app.locks.acquire(key, { owner: 'job-9', waitMs: 0 });
+    expect(fresh.holdCount).toBe(1);
+    expect(old.isHeld).toBe(false);
+    expect((old.signal.reason as LockLostError).reason).toBe('taken');
+    expect(fresh.isHeld).toBe(true);
+    await old.release(); // the lost handle's release must not give back the new grant
+    expect(await app.locks.holdCount(key, { owner: 'job-9' })).toBe(1);
+    await fresh.release();
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 

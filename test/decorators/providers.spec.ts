@@ -4,7 +4,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
-import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent } from '../../lib/index.js';
 import { CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
@@ -79,6 +79,13 @@ class Ledger {
   async releaseEarlyAndRetake(name: string) {
     await this.locks.current()!.release();
     return this.locks.acquire(`early:${name}`);
+  }
+
+  /** Its lock is taken from under it (`drop` deletes it in Redis) before it returns. */
+  @Locked('vanish:<0>', { minHoldMs: 60_000 })
+  async loseUnnoticed(name: string, drop: () => Promise<unknown>) {
+    await drop();
+    return name;
   }
 
   @Locked('sync:<0>')
@@ -251,6 +258,16 @@ describe('@Locked on provider methods called directly', () => {
     }
     // Its release was the last hold: nothing of minHoldMs's 60 s is left.
     expect(await raw.exists('lock:{early:e1}')).toBe(0);
+  });
+
+  it('reports a lock lost under a minHoldMs method when the call ends, instead of keeping it for minHoldMs', async () => {
+    const events: LockEvent[] = [];
+    const watching = locks.events$.subscribe((e) => e.key === 'vanish:v1' && events.push(e));
+    expect(await ledger.loseUnnoticed('v1', () => raw.del('lock:{vanish:v1}'))).toBe('v1');
+    watching.unsubscribe();
+    expect(events.map((e) => e.type)).toEqual(['acquired', 'lost']);
+    expect(events[1]).toMatchObject({ reason: 'taken' });
+    expect(await raw.exists('lock:{vanish:v1}')).toBe(0);
   });
 
   it('releases the lock of a method that throws before returning (not async), and rejects with its error', async () => {

@@ -109,6 +109,42 @@ describe("LockTestingModule under Jest's fake timers", () => {
     expect(next).not.toBeNull();
     await next!.release();
   });
+
+  it('reports how long an acquisition waited, on the fake clock', async () => {
+    const holder = await locks.acquire('waited-for');
+    const waiting = elsewhere(() => locks.acquire('waited-for', { waitMs: 60_000 }));
+    await jest.advanceTimersByTimeAsync(1_500);
+    await holder.release();
+    const lock = await waiting;
+    const acquired = events.filter((e) => e.type === 'acquired' && e.key === 'waited-for');
+    expect(acquired).toHaveLength(2);
+    expect(acquired[0]).toMatchObject({ waitedMs: 0 });
+    expect(acquired[1]).toMatchObject({ owner: lock.owner });
+    expect((acquired[1] as { waitedMs: number }).waitedMs).toBeGreaterThanOrEqual(1_500);
+    expect((acquired[1] as { waitedMs: number }).waitedMs).toBeLessThan(2_000);
+    await lock.release();
+  });
+
+  it('keeps the longer fixed lease when a re-entry asks for a shorter one', async () => {
+    await locks.run('re-entered', async (outer) => {
+      const inner = await locks.acquire('re-entered', { leaseMs: 1_000 });
+      expect(inner.holdCount).toBe(2);
+      await inner.release();
+      await jest.advanceTimersByTimeAsync(3_000);
+      expect(outer.isHeld).toBe(true);
+      expect(events.filter((e) => e.type === 'lost')).toEqual([]);
+      expect(await locks.tryAcquire('re-entered', { owner: 'someone-else' })).toBeNull();
+    }, { leaseMs: 5_000 });
+  });
+
+  it('reports no loss for a handle read after its release, once its lease would have ended', async () => {
+    const lock = await locks.acquire('released-then-read', { leaseMs: 1_000 });
+    await lock.release();
+    await jest.advanceTimersByTimeAsync(2_000);
+    expect(lock.signal.aborted).toBe(false);
+    expect(lock.isHeld).toBe(false);
+    expect(events.filter((e) => e.type === 'lost')).toEqual([]);
+  });
 });
 
 describe("LockModule on Redis under Jest's fake timers", () => {
