@@ -137,6 +137,17 @@ describe("LockTestingModule under Jest's fake timers", () => {
     }, { leaseMs: 5_000 });
   });
 
+  it('tells the holder when a lease shortened by extend() ends, without the holder reading its handle', async () => {
+    const lock = await locks.acquire('shortened', { leaseMs: 60_000 });
+    await lock.extend(2_000);
+    await jest.advanceTimersByTimeAsync(2_500);
+    // Found by the watchdog's timer, brought forward to the new deadline (not the 60 s one).
+    expect(events.filter((e) => e.type === 'lost' && e.key === 'shortened')).toEqual([expect.objectContaining({ reason: 'lease-expired' })]);
+    const next = await elsewhere(() => locks.tryAcquire('shortened'));
+    expect(next).not.toBeNull();
+    await next!.release();
+  });
+
   it('reports no loss for a handle read after its release, once its lease would have ended', async () => {
     const lock = await locks.acquire('released-then-read', { leaseMs: 1_000 });
     await lock.release();
