@@ -56,7 +56,7 @@ const boot = async (options: unknown) => {
  * A route handler whose call-site parameter (the one @Locked declares after the handler's own) a
  * pipe replaced: called as Nest calls it, with that parameter in place, but a plain object in it.
  */
-const replacedCallSite = async (redis: RedisServer) => {
+const replacedCallSite = async (redis: RedisServer, replacement: unknown = { copied: true }) => {
   @Controller('c')
   class C {
     @Get(':id')
@@ -70,7 +70,7 @@ const replacedCallSite = async (redis: RedisServer) => {
     .compile();
   await moduleRef.init();
   try {
-    return await (moduleRef.get(C).get as (...a: unknown[]) => Promise<unknown>).call(moduleRef.get(C), 'x', { copied: true });
+    return await (moduleRef.get(C).get as (...a: unknown[]) => Promise<unknown>).call(moduleRef.get(C), 'x', replacement);
   } finally {
     await moduleRef.close();
   }
@@ -144,6 +144,7 @@ const cases: Case[] = [
   { entry: '@Locked(template)', input: 'on a generator method (function*)', outcome: LockConfigurationError, says: /Make it an async generator/, run: async () => { class C { @Locked('a') *m() { yield 1; } } return C; } },
   { entry: '@Locked method', input: 'LockService replaced by a mock in a test', outcome: LockConfigurationError, says: /import LockTestingModule\.forRoot\(\) in the test instead of a mock/, run: () => mockedLockService() },
   { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds', outcome: LockConfigurationError, says: /a pipe changed it. A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged/, run: ({ redis }) => replacedCallSite(redis) },
+  { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds with null', outcome: LockConfigurationError, says: /index 1, .* reached the method as null, not as the LockCallSite Nest filled in: a pipe changed it/, run: ({ redis }) => replacedCallSite(redis, null) },
   // module options and clients
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
