@@ -9,8 +9,6 @@ import type { LockService } from '../lock.service.js';
 export interface LockedSpec {
   /** `Class.method`, for messages. */
   readonly where: string;
-  /** The template or key function, as written (for messages and the interceptor). */
-  readonly source: string;
   /** Builds the key (or the keys of a multi-key lock) from the arguments the method receives (after pipes); `self` is the instance (a key function's `this`). */
   readonly keyOf: (args: readonly unknown[], self: unknown) => string | string[];
   readonly options: LockedOptions;

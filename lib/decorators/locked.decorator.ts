@@ -165,7 +165,6 @@ function buildSpec(
     const keyFunction = key as (...args: unknown[]) => unknown;
     return {
       where,
-      source: keyFunction.name ? `${keyFunction.name}()` : 'a key function',
       options: validated,
       observable,
       asyncGenerator,
@@ -184,7 +183,6 @@ function buildSpec(
     const templates = key.map((k: string) => LockKeyTemplate.parse(k, where, declared));
     return {
       where,
-      source: key.join(', '),
       options: validated,
       observable,
       asyncGenerator,
@@ -192,5 +190,5 @@ function buildSpec(
     };
   }
   const template = LockKeyTemplate.parse(key as string, where, declared);
-  return { where, source: template.source, options: validated, observable, asyncGenerator, keyOf: (args) => template.resolve(args) };
+  return { where, options: validated, observable, asyncGenerator, keyOf: (args) => template.resolve(args) };
 }
