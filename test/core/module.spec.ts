@@ -112,6 +112,28 @@ describe('LockModule', () => {
       /ioredis options with autoResendUnfulfilledCommands: false/,
     ],
     [{ leaseMS: 1000 }, 'leaseMS', /unknown option "leaseMS" \(did you mean "leaseMs"\?\)/],
+    [{ leaseMs: () => 1_000 }, 'leaseMs', /leaseMs must be .*; got a function/],
+    [{ waitMs: [] }, 'waitMs', /waitMs must be .*; got an array/],
+    [{ store: 'x'.repeat(100) }, 'store', /store must be 'redis' or 'memory'; got "x{80}…"\.$/],
+    [{ contendedHttpStatus: 503 }, 'contendedHttpStatus', /contendedHttpStatus must be 409 \(Conflict\) or 423 \(Locked\); got 503/],
+    [{ keyPrefix: 'app:}' }, 'keyPrefix', /without "\{" or "\}"/],
+    [{ redis: { then: () => undefined } }, 'redis', /redis is an object of class Object that is not an ioredis client/],
+    [{ replication: { replica: 1 } }, 'replica', /replication: unknown option "replica" \(did you mean "replicas"\?\)/],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], drift: 0.1 } },
+      'drift',
+      /redlock: unknown option "drift"\. Known options: clients, driftFactor/,
+    ],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: NaN } },
+      'redlock.driftFactor',
+      /redlock\.driftFactor must be a number from 0 to below 0\.5 .*; got NaN/,
+    ],
+    [
+      { redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] }, replication: { replicas: 1 } },
+      'replication',
+      /replication \(WAIT\) works on one server or a Sentinel-managed master only; Redlock already needs a majority of masters/,
+    ],
     [{ ttl: 1000 }, 'ttl', /unknown option "ttl"\. Known options: store, redis, keyPrefix/],
     [{ store: 'postgres' }, 'store', /store must be 'redis' or 'memory'; got "postgres"/],
     [{ stepTimeoutMs: 50 }, 'stepTimeoutMs', /stepTimeoutMs must be a whole number of milliseconds from 100 to 2147483647; got 50/],
@@ -525,6 +547,19 @@ describe('LockModule', () => {
     await moduleRef.close();
     expect(await own.ping()).toBe('PONG');
     await own.quit();
+  });
+
+  it('takes replication with an ioredis client that is not a Cluster (every ioredis client has a cluster() method)', async () => {
+    const own = new Redis(redis.url);
+    try {
+      const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own, replication: { replicas: 1, timeoutMs: 50 } })] })
+        .setLogger(new CapturingLogger())
+        .compile();
+      await moduleRef.init();
+      await moduleRef.close();
+    } finally {
+      await own.quit();
+    }
   });
 
   it('keeps two applications in one process apart: their locks contend', async () => {
