@@ -148,6 +148,29 @@ describe("LockTestingModule under Jest's fake timers", () => {
     await next!.release();
   });
 
+  it("takes the module's watchdog: false as every lock's default: a lock taken without a lease of its own ends after the module's leaseMs", async () => {
+    const fixed = await Test.createTestingModule({ imports: [LockTestingModule.forRoot({ watchdog: false, leaseMs: 3_000 })] })
+      .setLogger(new CapturingLogger())
+      .compile();
+    await fixed.init();
+    try {
+      const service = fixed.get(LockService);
+      const seen: LockEvent[] = [];
+      const watchingFixed = service.events$.subscribe((e) => seen.push(e));
+      const bare = await service.acquire('module-fixed:bare');
+      const withOptions = await service.acquire('module-fixed:options', { waitMs: 0 });
+      const renewing = await service.acquire('module-fixed:renewing', { watchdog: true });
+      await jest.advanceTimersByTimeAsync(3_500);
+      watchingFixed.unsubscribe();
+      expect(seen.filter((e) => e.type === 'lost').map((e) => e.key).sort()).toEqual(['module-fixed:bare', 'module-fixed:options']);
+      expect(seen.filter((e) => e.type === 'renewed').map((e) => e.key)).toEqual(['module-fixed:renewing', 'module-fixed:renewing', 'module-fixed:renewing']);
+      expect([bare.isHeld, withOptions.isHeld, renewing.isHeld]).toEqual([false, false, true]);
+      await renewing.release();
+    } finally {
+      await fixed.close();
+    }
+  });
+
   it('reports no loss for a handle read after its release, once its lease would have ended', async () => {
     const lock = await locks.acquire('released-then-read', { leaseMs: 1_000 });
     await lock.release();
