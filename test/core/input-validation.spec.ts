@@ -1,6 +1,8 @@
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { LockConfigurationError, LockKeyError, LockService, MAX_KEY_LENGTH } from '../../lib/index.js';
+import { LockConfigurationError, LockKeyError, LockModule, LockService, MAX_KEY_LENGTH } from '../../lib/index.js';
+import { resolveModuleOptions } from '../../lib/lock-options.js';
 import type { RedisServer } from '../support/redis-server.js';
 import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
@@ -87,5 +89,25 @@ describe('keys and per-call options are checked before Redis is touched', () => 
     expect(await app.locks.remainingTtl('extend:ok')).toBeGreaterThan(19_000);
     await lock.release();
     expect(await app.locks.forceUnlock('never-locked')).toBe(false);
+  });
+});
+
+describe("the README's defaults", () => {
+  it("are the defaults of the module options it lists, of replication's and of redlock's", () => {
+    const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
+    const table = readme.slice(readme.indexOf('| option | default | meaning |'));
+    const rows = [...table.slice(0, table.indexOf('\n\n')).matchAll(/^\| `(\w+)` \| `([^`]+)` \|/gm)].map(([, name, text]) => [name!, text!] as const);
+    const parse = (text: string): unknown => (/^'.*'$/.test(text) ? text.slice(1, -1) : /^(\d+|true|false)$/.test(text) ? JSON.parse(text) : text);
+    const resolved = resolveModuleOptions({}) as unknown as Record<string, unknown>;
+    expect(rows.length).toBeGreaterThanOrEqual(14);
+    // isGlobal is LockModule's own: whether the dynamic module it returns is global.
+    const actual = (name: string) => (name === 'isGlobal' ? LockModule.forRoot({}).global : resolved[name]);
+    for (const [name, text] of rows) expect([name, actual(name)]).toEqual([name, parse(text)]);
+    const redlock = { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] };
+    expect(resolveModuleOptions({ replication: { replicas: 1 } }).replication).toEqual({ replicas: 1, timeoutMs: 100, onUnconfirmedAcquire: 'rollback' });
+    expect(resolveModuleOptions({ redlock }).redlock).toEqual({ ...redlock, driftFactor: 0.01 });
+    const prose = readme.replace(/\s+/g, ' ');
+    expect(prose).toContain("`timeoutMs` defaults to 100 ms and `onUnconfirmedAcquire` to `'rollback'`");
+    expect(prose).toContain('`driftFactor` defaults to 0.01');
   });
 });
