@@ -111,5 +111,7 @@ describe('key templates', () => {
       /argument <0>\.customer is null, so it has no property "id"/,
     );
     expect(() => parse('o:<0.id>').resolve([{ id: { nested: 1 } }])).toThrow(/argument <0>\.id is an object/);
+    // A path reads objects' (and functions') properties only, never a string's or a number's.
+    expect(() => parse('o:<0.length>').resolve(['abc'])).toThrow(/argument <0> is "abc", so it has no property "length"/);
   });
 });
