@@ -549,19 +549,6 @@ describe('LockModule', () => {
     await own.quit();
   });
 
-  it('takes replication with an ioredis client that is not a Cluster (every ioredis client has a cluster() method)', async () => {
-    const own = new Redis(redis.url);
-    try {
-      const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own, replication: { replicas: 1, timeoutMs: 50 } })] })
-        .setLogger(new CapturingLogger())
-        .compile();
-      await moduleRef.init();
-      await moduleRef.close();
-    } finally {
-      await own.quit();
-    }
-  });
-
   it('keeps two applications in one process apart: their locks contend', async () => {
     const make = async () => {
       const m = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })] }).compile();

@@ -75,6 +75,37 @@ describe('replica confirmation (WAIT)', () => {
     }
   });
 
+  it('rolls back a multi-key acquisition no replica acknowledged: none of its keys stays held', async () => {
+    const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50 } });
+    try {
+      const failure = (await app.locks.acquire(['r:group:a', 'r:group:b']).catch((e: unknown) => e)) as LockReplicationError;
+      expect(failure).toBeInstanceOf(LockReplicationError);
+      expect(failure.message).toContain('only 0 of 1 required replica(s) acknowledged it within 50 ms; it was given back');
+      expect(await lonely.client().exists('lock:{r:group:a}', 'lock:{r:group:b}')).toBe(0);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('keeps an unconfirmed re-entry: it changes no ownership, so only a fresh grant is given back', async () => {
+    // The first hold is kept unconfirmed ('keep'); the same owner token re-enters through a service
+    // that rolls back: its grant is a second hold, which no replica's answer decides.
+    const keeping = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50, onUnconfirmedAcquire: 'keep' } });
+    const rollingBack = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50 } });
+    try {
+      const outer = await keeping.locks.acquire('r:reentered', { owner: 'job-r' });
+      const inner = await rollingBack.locks.acquire('r:reentered', { owner: 'job-r' });
+      expect(inner.holdCount).toBe(2);
+      expect(await lonely.client().hget('lock:{r:reentered}', 'job-r')).toBe('2');
+      await inner.release();
+      await outer.release();
+      expect(await lonely.client().exists('lock:{r:reentered}')).toBe(0);
+    } finally {
+      await rollingBack.close();
+      await keeping.close();
+    }
+  });
+
   it('rolls back an acquisition no replica acknowledged and says so with a typed error', async () => {
     const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50 } });
     try {
