@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { LockReplicationError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, commandCalls, replicaAcknowledges, tcpProxy, until } from '../support/redis-server.js';
-import { nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
+import { asleep, elsewhere, nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
 
 /**
  * Replica confirmation (`replication`: Redis WAIT after acquire, renew and release) on real servers:
@@ -70,6 +70,29 @@ describe('replica confirmation (WAIT)', () => {
       expect(await master.client().hexists('lock:{r:fair}', ':handed')).toBe(0);
       expect(await replica.client().hget('lock:{r:fair}', lock.owner)).toBe('1');
       await lock.release();
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("confirms the grant of a waiter a release takes along: it is not handed the lock inside the release, its own attempt waits for the replicas", async () => {
+    const app = await startLockApp({ redis: master.url, replication: { replicas: 1, timeoutMs: 50 } });
+    try {
+      const holder = await app.locks.acquire('r:along');
+      const waiting = elsewhere(() => app.locks.acquire('r:along', { waitMs: 10_000 })).catch((e: unknown) => e);
+      await until(async () => asleep(app, 'r:along') === 1, 10_000, 'the waiter asleep');
+      replica.pause();
+      try {
+        await holder.release();
+        // Handed over inside the release, the waiter would hold a lock no replica acknowledged.
+        const failure = (await waiting) as LockReplicationError;
+        expect(failure).toBeInstanceOf(LockReplicationError);
+        expect(await master.client().exists('lock:{r:along}')).toBe(0);
+      } finally {
+        replica.resume();
+      }
+      const probe = master.client();
+      await until(() => replicaAcknowledges(probe), 10_000, 'the replica never acknowledged a write again');
     } finally {
       await app.close();
     }
