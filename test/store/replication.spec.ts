@@ -13,15 +13,18 @@ describe('replica confirmation (WAIT)', () => {
   let replica: RedisServer;
   let lonely: RedisServer;
   let refusing: RedisServer;
+  /** Synced is not enough: ready once the replica acknowledges a write. */
+  const replicaCaughtUp = async () => {
+    const probe = master.client();
+    await until(() => replicaAcknowledges(probe), 10_000, 'the replica never acknowledged a write');
+  };
 
   beforeAll(async () => {
     master = await RedisServer.start();
     replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(master.port)]);
     lonely = await RedisServer.start();
     refusing = await RedisServer.start(['--rename-command', 'WAIT', '']);
-    // Synced is not enough: ready once the replica acknowledges a write.
-    const probe = master.client();
-    await until(() => replicaAcknowledges(probe), 10_000, 'the replica never acknowledged a write');
+    await replicaCaughtUp();
   });
   afterAll(async () => {
     await Promise.all([master, replica, lonely, refusing].map((s) => s?.stop()));
@@ -90,9 +93,8 @@ describe('replica confirmation (WAIT)', () => {
         expect(await master.client().exists('lock:{r:along}')).toBe(0);
       } finally {
         replica.resume();
+        await replicaCaughtUp(); // for the tests after this one
       }
-      const probe = master.client();
-      await until(() => replicaAcknowledges(probe), 10_000, 'the replica never acknowledged a write again');
     } finally {
       await app.close();
     }
