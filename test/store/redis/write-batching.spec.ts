@@ -84,6 +84,34 @@ describe('write batching on the lock connection', () => {
     expect(await corkedAfterEach(true)).toEqual([1, 1]);
   });
 
+  it('sends the commands after the first of a pass in socket writes of 8, the last write taking the rest', async () => {
+    const client = redis.client();
+    try {
+      await client.ping();
+      // The socket's own write methods, watched (each call is one system call): how many commands
+      // each carried. ioredis writes each command as one chunk.
+      type Chunks = { chunk: unknown }[];
+      const stream = client.stream as unknown as {
+        _write(chunk: unknown, encoding: string, done: () => void): void;
+        _writev(chunks: Chunks, done: () => void): void;
+      };
+      const writes: number[] = [];
+      const write = stream._write.bind(stream);
+      const writev = stream._writev.bind(stream);
+      stream._write = (chunk, encoding, done) => (writes.push(1), write(chunk, encoding, done));
+      stream._writev = (chunks, done) => (writes.push(chunks.length), writev(chunks, done));
+      const replies = Array.from({ length: 32 }, (_, i) => {
+        batchWrites(client);
+        return client.get(`per-write:${i}`);
+      });
+      expect(await Promise.all(replies)).toEqual(Array.from({ length: 32 }, () => null));
+      // The first at once (nothing in flight), then 31 in writes of 8: 8, 8, 8 and the last 7.
+      expect(writes).toEqual([1, 8, 8, 8, 7]);
+    } finally {
+      client.disconnect();
+    }
+  });
+
   it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
     // A command held back would never be answered: bounded by Node's own (not faked) timer.
     const within = async <T>(step: Promise<T>): Promise<T> => {
@@ -101,6 +129,12 @@ describe('write batching on the lock connection', () => {
       expect(await admin.exists('lock:{faked}')).toBe(1);
       await within(handle.release());
       expect(await admin.exists('lock:{faked}')).toBe(0);
+      // Several at once: the first is written at once, the others are corked until the immediate.
+      const keys = ['faked:1', 'faked:2', 'faked:3'];
+      const handles = await within(Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 }))));
+      expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(3);
+      await within(Promise.all(handles.map((h) => h.release())));
+      expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
     } finally {
       jest.useRealTimers();
     }
