@@ -73,9 +73,19 @@ describe('a Redis with maxmemory and noeviction', () => {
       // Full, and staying full: a limit far below what Redis uses. (Filling up to the limit leaves
       // Redis at its edge, where a trimmed buffer can let the next write in.)
       await raw.config('SET', 'maxmemory', '1');
+      const scriptCalls = async (): Promise<{ evalsha: number; eval: number }> => {
+        const info = await raw.info('commandstats');
+        const calls = (command: string) => Number(new RegExp(`^cmdstat_${command}:calls=(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+        return { evalsha: calls('evalsha'), eval: calls('eval') };
+      };
+      const before = await scriptCalls();
       const refused = await app.locks.tryAcquire('after').catch((e: unknown) => e);
       expect(refused).toBeInstanceOf(LockBackendError);
       expect((refused as Error).message).toMatch(/OOM command not allowed/);
+      // Sent once, by SHA: only NOSCRIPT sends a script's text again (EVAL), not any error reply.
+      const after = await scriptCalls();
+      expect(after.evalsha).toBeGreaterThan(before.evalsha);
+      expect(after.eval).toBe(before.eval);
       await held.release();
       expect(await raw.exists('lock:{before}')).toBe(0);
     } finally {

@@ -3,8 +3,8 @@ import type { Redis } from 'ioredis';
 import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { LockHandle } from '../../../lib/index.js';
 import { batchWrites, COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
-import { startLockApp, usePrivateLockApp, type LockApp } from '../../support/lock-testing.js';
-import { RedisServer } from '../../support/redis-server.js';
+import { asleep, elsewhere, startLockApp, usePrivateLockApp, type LockApp } from '../../support/lock-testing.js';
+import { RedisServer, until } from '../../support/redis-server.js';
 
 /** How many times Redis has read from its clients' sockets (INFO stats). */
 async function readsProcessed(admin: Redis): Promise<number> {
@@ -28,6 +28,23 @@ async function readsDuring(admin: Redis, send: () => Promise<unknown>): Promise<
  * COMMANDS_PER_WRITE.
  */
 const writesFor = (count: number): number => 1 + Math.ceil((count - 1) / COMMANDS_PER_WRITE);
+
+/**
+ * Watches `client`'s socket writes (each one system call): how many commands each carried, in
+ * order. ioredis writes each command as one chunk.
+ */
+function watchWrites(client: Redis): number[] {
+  const stream = client.stream as unknown as {
+    _write(chunk: unknown, encoding: string, done: () => void): void;
+    _writev(chunks: unknown[], done: () => void): void;
+  };
+  const writes: number[] = [];
+  const write = stream._write.bind(stream);
+  const writev = stream._writev.bind(stream);
+  stream._write = (chunk, encoding, done) => (writes.push(1), write(chunk, encoding, done));
+  stream._writev = (chunks, done) => (writes.push(chunks.length), writev(chunks, done));
+  return writes;
+}
 
 describe('write batching on the lock connection', () => {
   let redis: RedisServer;
@@ -88,18 +105,7 @@ describe('write batching on the lock connection', () => {
     const client = redis.client();
     try {
       await client.ping();
-      // The socket's own write methods, watched (each call is one system call): how many commands
-      // each carried. ioredis writes each command as one chunk.
-      type Chunks = { chunk: unknown }[];
-      const stream = client.stream as unknown as {
-        _write(chunk: unknown, encoding: string, done: () => void): void;
-        _writev(chunks: Chunks, done: () => void): void;
-      };
-      const writes: number[] = [];
-      const write = stream._write.bind(stream);
-      const writev = stream._writev.bind(stream);
-      stream._write = (chunk, encoding, done) => (writes.push(1), write(chunk, encoding, done));
-      stream._writev = (chunks, done) => (writes.push(chunks.length), writev(chunks, done));
+      const writes = watchWrites(client);
       const replies = Array.from({ length: 32 }, (_, i) => {
         batchWrites(client);
         return client.get(`per-write:${i}`);
@@ -110,6 +116,22 @@ describe('write batching on the lock connection', () => {
     } finally {
       client.disconnect();
     }
+  });
+
+  it('sends a release and the attempt of the waiter it takes along in one socket write, on an idle connection', async () => {
+    // A multi-key waiter sends its own attempt when woken (a single-key one is handed the lock
+    // inside the release, with nothing more to send).
+    const holder = await app.locks.acquire('along');
+    const waiting = elsewhere(() => app.locks.acquire(['along', 'along:other'], { waitMs: 10_000 }));
+    await until(async () => asleep(app, 'along') === 1, 10_000, 'the waiter asleep');
+    const client = (app.locks as unknown as { store: { client: Redis } }).store.client;
+    const writes = watchWrites(client);
+    await holder.release();
+    const next = await waiting;
+    expect(next.owner).not.toBe(holder.owner);
+    // Not corked, the release (its connection idle) would be written at once, the attempt after it.
+    expect(writes).toEqual([2]);
+    await next.release();
   });
 
   it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
