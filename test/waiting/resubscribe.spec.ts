@@ -1,5 +1,6 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
+import { once } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { LockBackendError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, subscribers, tcpProxy, until } from '../support/redis-server.js';
@@ -98,6 +99,30 @@ describe('the release subscriber after a dropped connection', () => {
     } finally {
       await app.close();
       await holderShort.close();
+    }
+  });
+
+  it('subscribes to nothing, and warns of nothing, when it reconnects with no release channel left', async () => {
+    const key = 'resubscribe:none';
+    const app = await startLockApp({ redis: redis.url, leaseMs: 60_000, waitMs: 120_000 });
+    try {
+      const { holder, waiting } = await waiterBehindHolder(app, key);
+      await holder.release();
+      await (await waiting).release();
+      // Its last waiter gone, the channel is given up; the subscriber connection stays.
+      await until(async () => (await subscribers(raw, key)) === 0, 10_000, 'the channel given up');
+      const sub = (app.locks as unknown as { store: { subscriber: Redis } }).store.subscriber;
+      const id = await sub.client('ID');
+      const ready = once(sub, 'ready');
+      expect(Number(await raw.call('CLIENT', 'KILL', 'ID', String(id)))).toBe(1);
+      await ready;
+      // Whatever the reconnect sent went before this PING, on the same connection.
+      expect(await sub.ping()).toBe('PONG');
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(app.logger.at('warn')).toEqual([]);
+      expect(await subscribedConnections(raw)).toEqual([]);
+    } finally {
+      await app.close();
     }
   });
 
