@@ -1,0 +1,183 @@
+import { describe, expect, it } from '@jest/globals';
+import { setImmediate as realSetImmediate } from 'node:timers';
+import { HeldLock } from '../../lib/held-lock.js';
+import type { Time, Timer } from '../../lib/internal/time.js';
+import { Watchdog, type WatchdogHooks } from '../../lib/renewal/watchdog.js';
+
+/**
+ * The watchdog's schedule on its own, on a clock the test moves: which timer it arms, when it
+ * renews, from when a renewal's lease counts, and when it retries. The renewal.spec, fake-timers
+ * and health specs test it end to end against Redis and the memory store; there, a timer armed a
+ * little early or a retry a little late shows only as time. The service's hooks are replaced by
+ * recorders here, and the test answers each renewal itself.
+ */
+
+interface ManualTimer extends Timer {
+  at: number;
+  callback: () => void;
+  cleared: boolean;
+  unrefed: boolean;
+}
+
+/** A clock that moves only when told, and runs the timers due by then, in order. */
+class ManualTime implements Time {
+  t = 0;
+  readonly timers: ManualTimer[] = [];
+  readonly now = (): number => this.t;
+  setTimeout(callback: () => void, ms: number): Timer {
+    const timer: ManualTimer = { at: this.t + ms, callback, cleared: false, unrefed: false, unref: () => (timer.unrefed = true) };
+    this.timers.push(timer);
+    return timer;
+  }
+  clearTimeout(timer: Timer): void {
+    (timer as ManualTimer).cleared = true;
+  }
+  setImmediate(callback: () => void): void {
+    realSetImmediate(callback);
+  }
+  /** The timers armed and not yet run or cleared. */
+  get armed(): ManualTimer[] {
+    return this.timers.filter((timer) => !timer.cleared);
+  }
+  /**
+   * Moves the clock to `to`, running each timer due by then (a timer never runs twice). A timer
+   * that keeps arming another for the same moment would never let time move: that fails the test.
+   */
+  advance(to: number): void {
+    let run = 0;
+    for (let due = this.next(to); due; due = this.next(to)) {
+      if (++run > 100) throw new Error(`more than 100 timers ran by ${to} ms: a timer keeps arming another for ${due.at} ms`);
+      this.t = due.at;
+      due.cleared = true;
+      due.callback();
+    }
+    this.t = to;
+  }
+  private next(to: number): ManualTimer | undefined {
+    return this.armed.filter((timer) => timer.at <= to).sort((a, b) => a.at - b.at)[0];
+  }
+}
+
+/** Lets the promise callbacks of an answered renewal run. */
+const settle = (): Promise<void> => new Promise((resolve) => realSetImmediate(resolve));
+
+/** The service's side: records every call; each renewal waits for the test's answer. */
+function recorder() {
+  const renewals: { locks: readonly HeldLock[]; answer(results: boolean[]): void; fail(error: Error): void }[] = [];
+  const renewed: string[][] = [];
+  const lost: [string, string][] = [];
+  const failed: string[][] = [];
+  const hooks: WatchdogHooks = {
+    renew: (locks) =>
+      new Promise<boolean[]>((answer, fail) => {
+        renewals.push({ locks, answer, fail });
+      }),
+    group: () => 0,
+    renewed: (locks) => void renewed.push(locks.map((l) => l.key)),
+    lost: (lock, reason) => void lost.push([lock.key, reason]),
+    renewFailed: (locks) => void failed.push(locks.map((l) => l.key)),
+  };
+  return { hooks, renewals, renewed, lost, failed };
+}
+
+/** A lock with a `leaseMs` lease from `start`, renewed by the watchdog unless `watchdog` is false. */
+const lock = (time: ManualTime, key: string, leaseMs: number, start = time.t, watchdog = true): HeldLock =>
+  new HeldLock(key, key, 'owner', leaseMs, watchdog, 1, start, 'exclusive', undefined, false, time.now);
+
+describe('Watchdog', () => {
+  it('arms one unref()ed timer for locks due at the same moment, and none for a lock added once stopped', () => {
+    const time = new ManualTime();
+    const watchdog = new Watchdog(recorder().hooks, time);
+    for (const key of ['a', 'b', 'c']) watchdog.add(lock(time, key, 30_000));
+    expect(time.timers).toHaveLength(1);
+    expect(time.armed[0]).toMatchObject({ at: 10_000, unrefed: true });
+    watchdog.stop();
+    expect(watchdog.size).toBe(0);
+    expect(time.armed).toEqual([]);
+    watchdog.add(lock(time, 'late', 30_000));
+    expect(watchdog.size).toBe(0);
+    expect(time.armed).toEqual([]);
+  });
+
+  it('never arms its timer before the moment something is due, when that moment falls between milliseconds', () => {
+    const time = new ManualTime();
+    const watchdog = new Watchdog(recorder().hooks, time);
+    const fixed = lock(time, 'fixed', 1_000.4, 0, false);
+    watchdog.add(fixed);
+    // Rounded down, it would fire at 1 000, find nothing due, and fire again at once, all the while.
+    expect(time.armed.map((timer) => timer.at)).toEqual([1_001]);
+  });
+
+  it('counts a renewal\'s lease from when it was sent, not from when its answer came', async () => {
+    const time = new ManualTime();
+    const { hooks, renewals, renewed } = recorder();
+    const watchdog = new Watchdog(hooks, time);
+    const held = lock(time, 'a', 30_000);
+    watchdog.add(held);
+    time.advance(10_000);
+    expect(renewals).toHaveLength(1);
+    // While the renewal is in flight, the timer waits for the deadline, not for the renewal now past.
+    expect(time.armed.map((timer) => timer.at)).toEqual([30_000]);
+    time.advance(12_000);
+    renewals[0]!.answer([true]);
+    await settle();
+    expect(renewed).toEqual([['a']]);
+    expect(held.deadline).toBe(40_000);
+    expect(held.renewAt).toBe(20_000);
+  });
+
+  it('renews with a due lock every lock due within half a renewal period, and never a lock whose renewal is in flight', () => {
+    const time = new ManualTime();
+    const { hooks, renewals } = recorder();
+    const watchdog = new Watchdog(hooks, time);
+    // 30 s leases: renewed a third in (10 s), batched within half of that period (5 s).
+    watchdog.add(lock(time, 'a', 30_000, 0)); // renewal due at 10 000
+    watchdog.add(lock(time, 'b', 30_000, 6_000)); // 16 000
+    watchdog.add(lock(time, 'c', 30_000, 9_000)); // 19 000: within 5 s of b's
+    watchdog.add(lock(time, 'd', 30_000, 12_000)); // 22 000: not
+    time.advance(16_000);
+    // a's renewal is still in flight at 16 000.
+    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['a'], ['b', 'c']]);
+  });
+
+  it('retries a failed renewal a tenth of the lease later, and at most a second later', async () => {
+    const time = new ManualTime();
+    const { hooks, renewals, failed } = recorder();
+    const watchdog = new Watchdog(hooks, time);
+    const short = lock(time, 'short', 3_000);
+    const long = lock(time, 'long', 30_000);
+    watchdog.add(short);
+    watchdog.add(long);
+    time.advance(1_000);
+    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['short']]);
+    renewals[0]!.fail(new Error('down'));
+    await settle();
+    expect(failed).toEqual([['short']]);
+    expect(short.renewAt).toBe(1_300);
+    time.advance(10_000);
+    // The short lock's retry is due at 1 300, the long lock's renewal at 10 000.
+    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['short'], ['short'], ['long']]);
+    renewals[2]!.fail(new Error('down'));
+    await settle();
+    expect(long.renewAt).toBe(11_000);
+  });
+
+  it('says nothing of a lock removed while its renewal was in flight, whatever the answer', async () => {
+    const time = new ManualTime();
+    const { hooks, renewals, renewed, lost } = recorder();
+    const watchdog = new Watchdog(hooks, time);
+    const kept = lock(time, 'kept', 30_000);
+    const gone = lock(time, 'gone', 30_000);
+    watchdog.add(kept);
+    watchdog.add(gone);
+    time.advance(10_000);
+    watchdog.remove(kept);
+    watchdog.remove(gone);
+    renewals[0]!.answer([true, false]);
+    await settle();
+    expect(renewed).toEqual([]);
+    expect(lost).toEqual([]);
+    // Its lease as it was before the renewal: a released lock's record is not updated.
+    expect(kept.deadline).toBe(30_000);
+  });
+});
