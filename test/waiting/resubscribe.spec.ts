@@ -107,14 +107,15 @@ describe('the release subscriber after a dropped connection', () => {
     const app = await startLockApp({ redis: redis.url, leaseMs: 60_000, waitMs: 120_000 });
     try {
       const { holder, waiting } = await waiterBehindHolder(app, key);
+      // The app's subscriber connection: the only one subscribed to anything now.
+      const [id] = await subscribedConnections(raw);
       await holder.release();
       await (await waiting).release();
       // Its last waiter gone, the channel is given up; the subscriber connection stays.
       await until(async () => (await subscribers(raw, key)) === 0, 10_000, 'the channel given up');
       const sub = (app.locks as unknown as { store: { subscriber: Redis } }).store.subscriber;
-      const id = await sub.client('ID');
       const ready = once(sub, 'ready');
-      expect(Number(await raw.call('CLIENT', 'KILL', 'ID', String(id)))).toBe(1);
+      expect(Number(await raw.call('CLIENT', 'KILL', 'ID', id!))).toBe(1);
       await ready;
       // Whatever the reconnect sent went before this PING, on the same connection.
       expect(await sub.ping()).toBe('PONG');
