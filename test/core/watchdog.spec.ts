@@ -84,11 +84,21 @@ function recorder() {
 const lock = (time: ManualTime, key: string, leaseMs: number, start = time.t, watchdog = true): HeldLock =>
   new HeldLock(key, key, 'owner', leaseMs, watchdog, 1, start, 'exclusive', undefined, false, time.now);
 
+/** A watchdog on a fresh clock, watching one renewed lock per `[key, leaseMs, start]` (start: 0 unless given). */
+function watching(...leases: [string, number, number?][]) {
+  const time = new ManualTime();
+  const recorded = recorder();
+  const watchdog = new Watchdog(recorded.hooks, time);
+  const locks = leases.map(([key, leaseMs, start = 0]) => lock(time, key, leaseMs, start));
+  for (const held of locks) watchdog.add(held);
+  /** The keys of each renewal call so far, in order. */
+  const renewedKeys = () => recorded.renewals.map((r) => r.locks.map((l) => l.key));
+  return { time, watchdog, locks, renewedKeys, ...recorded };
+}
+
 describe('Watchdog', () => {
   it('arms one unref()ed timer for locks due at the same moment, and none for a lock added once stopped', () => {
-    const time = new ManualTime();
-    const watchdog = new Watchdog(recorder().hooks, time);
-    for (const key of ['a', 'b', 'c']) watchdog.add(lock(time, key, 30_000));
+    const { time, watchdog } = watching(['a', 30_000], ['b', 30_000], ['c', 30_000]);
     expect(time.timers).toHaveLength(1);
     expect(time.armed[0]).toMatchObject({ at: 10_000, unrefed: true });
     watchdog.stop();
@@ -109,11 +119,8 @@ describe('Watchdog', () => {
   });
 
   it('counts a renewal\'s lease from when it was sent, not from when its answer came', async () => {
-    const time = new ManualTime();
-    const { hooks, renewals, renewed } = recorder();
-    const watchdog = new Watchdog(hooks, time);
-    const held = lock(time, 'a', 30_000);
-    watchdog.add(held);
+    const { time, locks, renewals, renewed } = watching(['a', 30_000]);
+    const [held] = locks as [HeldLock];
     time.advance(10_000);
     expect(renewals).toHaveLength(1);
     // While the renewal is in flight, the timer waits for the deadline, not for the renewal now past.
@@ -127,49 +134,34 @@ describe('Watchdog', () => {
   });
 
   it('renews with a due lock every lock due within half a renewal period, and never a lock whose renewal is in flight', () => {
-    const time = new ManualTime();
-    const { hooks, renewals } = recorder();
-    const watchdog = new Watchdog(hooks, time);
-    // 30 s leases: renewed a third in (10 s), batched within half of that period (5 s).
-    watchdog.add(lock(time, 'a', 30_000, 0)); // renewal due at 10 000
-    watchdog.add(lock(time, 'b', 30_000, 6_000)); // 16 000
-    watchdog.add(lock(time, 'c', 30_000, 9_000)); // 19 000: within 5 s of b's
-    watchdog.add(lock(time, 'd', 30_000, 12_000)); // 22 000: not
+    // 30 s leases: renewed a third in (10 s), batched within half of that period (5 s). Renewals
+    // due at 10 000 (a), 16 000 (b), 19 000 (c: within 5 s of b's) and 22 000 (d: not).
+    const { time, renewedKeys } = watching(['a', 30_000], ['b', 30_000, 6_000], ['c', 30_000, 9_000], ['d', 30_000, 12_000]);
     time.advance(16_000);
     // a's renewal is still in flight at 16 000.
-    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['a'], ['b', 'c']]);
+    expect(renewedKeys()).toEqual([['a'], ['b', 'c']]);
   });
 
   it('retries a failed renewal a tenth of the lease later, and at most a second later', async () => {
-    const time = new ManualTime();
-    const { hooks, renewals, failed } = recorder();
-    const watchdog = new Watchdog(hooks, time);
-    const short = lock(time, 'short', 3_000);
-    const long = lock(time, 'long', 30_000);
-    watchdog.add(short);
-    watchdog.add(long);
+    const { time, locks, renewals, renewedKeys, failed } = watching(['short', 3_000], ['long', 30_000]);
+    const [short, long] = locks as [HeldLock, HeldLock];
     time.advance(1_000);
-    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['short']]);
+    expect(renewedKeys()).toEqual([['short']]);
     renewals[0]!.fail(new Error('down'));
     await settle();
     expect(failed).toEqual([['short']]);
     expect(short.renewAt).toBe(1_300);
     time.advance(10_000);
     // The short lock's retry is due at 1 300, the long lock's renewal at 10 000.
-    expect(renewals.map((r) => r.locks.map((l) => l.key))).toEqual([['short'], ['short'], ['long']]);
+    expect(renewedKeys()).toEqual([['short'], ['short'], ['long']]);
     renewals[2]!.fail(new Error('down'));
     await settle();
     expect(long.renewAt).toBe(11_000);
   });
 
   it('says nothing of a lock removed while its renewal was in flight, whatever the answer', async () => {
-    const time = new ManualTime();
-    const { hooks, renewals, renewed, lost } = recorder();
-    const watchdog = new Watchdog(hooks, time);
-    const kept = lock(time, 'kept', 30_000);
-    const gone = lock(time, 'gone', 30_000);
-    watchdog.add(kept);
-    watchdog.add(gone);
+    const { time, watchdog, locks, renewals, renewed, lost } = watching(['kept', 30_000], ['gone', 30_000]);
+    const [kept, gone] = locks as [HeldLock, HeldLock];
     time.advance(10_000);
     watchdog.remove(kept);
     watchdog.remove(gone);
