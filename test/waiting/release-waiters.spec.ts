@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import type { Handover, ReleaseWatch } from '../../lib/store/lock-store.js';
 import { realTime, type Time } from '../../lib/internal/time.js';
 import { MAX_HANDOFFS_IN_A_ROW, ReleaseWaiters } from '../../lib/waiting/release-waiters.js';
@@ -30,12 +30,11 @@ describe('ReleaseWaiters', () => {
     for (const watch of watches) watch.close();
     watches = [];
   });
-  const fresh = () => {
+  beforeEach(() => {
     waiters = new ReleaseWaiters();
-  };
+  });
 
   it(`takes a sleeping waiter along at most ${MAX_HANDOFFS_IN_A_ROW} releases in a row, then wakes nobody early once, then starts again`, async () => {
-    fresh();
     const sleeper = join('a', 1_000);
     const taken: boolean[] = [];
     for (let release = 0; release < 2 * (MAX_HANDOFFS_IN_A_ROW + 1); release++) {
@@ -58,7 +57,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('takes along the longest-waiting waiter that sleeps, past one busy with an attempt', async () => {
-    fresh();
     join('busy'); // joined first, not asleep
     const sleeper = join('asleep');
     const sleep = sleeper.sleep(LONG);
@@ -70,7 +68,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('takes nobody along where nobody sleeps, and reports a taken-along waiter that stopped sleeping before its wake', async () => {
-    fresh();
     const waiter = join('a');
     expect(waiters.wakeBehindRelease('k')).toBeUndefined();
     const sleep = waiter.sleep(LONG);
@@ -82,7 +79,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('keeps the release message for the waiter taken along: no second waiter wakes, and that waiter retries at once if its attempt is refused', async () => {
-    fresh();
     const first = join('first');
     const second = join('second');
     const firstSleep = first.sleep(LONG);
@@ -100,7 +96,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('hands a taken-along waiter the verdict of the release that woke it, once: a later sleep forgets it', async () => {
-    fresh();
     const waiter = join('a', 1_000);
     const sleep = waiter.sleep(LONG);
     const verdict: Promise<Handover | undefined> = Promise.resolve({ fencingToken: 7, leaseStart: 0 });
@@ -117,7 +112,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('keeps a release that found nobody asleep for the next waiters to sleep, one per waiter at most', async () => {
-    fresh();
     const first = join('first');
     const second = join('second');
     // Both busy with attempts: three releases are noticed, but two waiters can use two of them.
@@ -130,7 +124,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('drops the kept releases a leaving waiter can no longer use', async () => {
-    fresh();
     const staying = join('staying');
     const leaving = join('leaving');
     waiters.notify('k');
@@ -141,7 +134,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('passes a wake on to the next sleeper when the woken waiter leaves without trying again', async () => {
-    fresh();
     const woken = join('woken');
     const next = join('next');
     const wokenSleep = woken.sleep(LONG);
@@ -154,7 +146,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('keeps a wake addressed to a waiter that is busy for its next sleep: a fair release to its owner, and a read-write change', async () => {
-    fresh();
     const waiter = join('a');
     waiters.notifyOwner('k', 'a');
     expect(await outcome(waiter.sleep(LONG))).toBe('released');
@@ -164,7 +155,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('ends a sleep with granted for a fair grant to its wait, now or at its next sleep, and once per grant', async () => {
-    fresh();
     const waiter = join('a');
     // Busy: kept for its next sleep.
     waiters.grant('k', 'a', waiter.waitId, 5);
@@ -180,7 +170,6 @@ describe('ReleaseWaiters', () => {
   });
 
   it('forgets a kept grant up to the token a refused attempt saw, and keeps a later one', async () => {
-    fresh();
     const waiter = join('a');
     waiters.grant('k', 'a', waiter.waitId, 9);
     // An attempt refused at token 8 cannot have seen the grant of token 9: it stays.
