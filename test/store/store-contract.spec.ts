@@ -156,6 +156,29 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(repeated).toEqual([]);
   });
 
+  it('wakes one waiter, the longest-waiting, when an exclusive lock is freed: not all of them', async () => {
+    const key = 'contract:wake-one';
+    expect((await store.acquire({ key, owner: 'A', leaseMs: 10_000 })).granted).toBe(true);
+    const waiters = [await queue(key, 'B', {}), await queue(key, 'C', {})];
+    const [first, second] = waiters.map((w) => w.sleep(10_000));
+    expect(await store.release(key, 'A')).toBe(0);
+    expect(await first).toBe('released');
+    // A notice wakes its waiters at once: had it woken C too, C's sleep would have ended by now.
+    expect(await Promise.race([second, Promise.resolve('asleep')])).toBe('asleep');
+    for (const w of waiters) w.close();
+  });
+
+  it('gives back nothing for an owner that holds nothing, on a lock held by another or on a free key', async () => {
+    const key = 'contract:holds-nothing';
+    expect((await store.acquire({ key, owner: 'A', leaseMs: 10_000 })).granted).toBe(true);
+    expect(await store.releaseAll(key, 'B')).toBe(false);
+    expect(await store.release(key, 'B')).toBe(-1);
+    expect(await store.inspect(key, 'A')).toMatchObject({ locked: true, holdCount: 1 });
+    expect(await store.release(key, 'A')).toBe(0);
+    expect(await store.releaseAll(key, 'A')).toBe(false);
+    expect((await store.inspect(key, undefined)).locked).toBe(false);
+  });
+
   it('wakes every waiting reader when a writer\'s holds are all taken back at once', async () => {
     const key = 'contract:rw-all';
     expect((await store.acquire({ key, owner: 'W', leaseMs: 10_000, mode: 'write' })).granted).toBe(true);
