@@ -7,6 +7,7 @@ import { LockModule, LockService, type LockEvent, type LockModuleOptions } from 
 import { AsyncResource } from 'node:async_hooks';
 import { getEventListeners } from 'node:events';
 import { performance } from 'node:perf_hooks';
+import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { Redis } from 'ioredis';
 import { RedisServer, until } from './redis-server.js';
 
@@ -294,13 +295,17 @@ export async function firstAfterRelease(app: LockApp, other: LockApp, prefix: st
   return first;
 }
 
-/** `promise`, or a rejection after `ms`, so that a hang fails the test (and its cleanup still runs) instead of timing it out. */
+/**
+ * `promise`, or a rejection after `ms`, so that a hang fails the test (and its cleanup still runs)
+ * instead of timing it out. The bound is Node's own timer (`node:timers`), which a test's fake
+ * timers do not replace, so it holds under them too.
+ */
 export async function within<T>(promise: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  const late = new Promise<never>((_, reject) => (timer = realSetTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
   try {
     return await Promise.race([promise, late]);
   } finally {
-    clearTimeout(timer);
+    realClearTimeout(timer);
   }
 }

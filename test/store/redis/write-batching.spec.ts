@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import type { Redis } from 'ioredis';
-import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { LockHandle } from '../../../lib/index.js';
 import { batchWrites, COMMANDS_PER_WRITE } from '../../../lib/store/redis/write-batching.js';
-import { asleep, elsewhere, startLockApp, usePrivateLockApp, type LockApp } from '../../support/lock-testing.js';
+import { asleep, elsewhere, startLockApp, usePrivateLockApp, within, type LockApp } from '../../support/lock-testing.js';
 import { RedisServer, until } from '../../support/redis-server.js';
 
 /** How many times Redis has read from its clients' sockets (INFO stats). */
@@ -135,27 +134,18 @@ describe('write batching on the lock connection', () => {
   });
 
   it("sends its commands under Jest's fake timers too (they replace the global setImmediate)", async () => {
-    // A command held back would never be answered: bounded by Node's own (not faked) timer.
-    const within = async <T>(step: Promise<T>): Promise<T> => {
-      let timer: ReturnType<typeof realSetTimeout> | undefined;
-      const bound = new Promise<never>((_, reject) => (timer = realSetTimeout(() => reject(new Error('no answer within 5 s')), 5_000)));
-      try {
-        return await Promise.race([step, bound]);
-      } finally {
-        realClearTimeout(timer);
-      }
-    };
+    // A command held back would never be answered: `within` bounds each step by Node's own timer.
     jest.useFakeTimers();
     try {
-      const handle = await within(app.locks.acquire('faked', { waitMs: 0 }));
+      const handle = await within(app.locks.acquire('faked', { waitMs: 0 }), 5_000);
       expect(await admin.exists('lock:{faked}')).toBe(1);
-      await within(handle.release());
+      await within(handle.release(), 5_000);
       expect(await admin.exists('lock:{faked}')).toBe(0);
       // Several at once: the first is written at once, the others are corked until the immediate.
       const keys = ['faked:1', 'faked:2', 'faked:3'];
-      const handles = await within(Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 }))));
+      const handles = await within(Promise.all(keys.map((key) => app.locks.acquire(key, { waitMs: 0 }))), 5_000);
       expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(3);
-      await within(Promise.all(handles.map((h) => h.release())));
+      await within(Promise.all(handles.map((h) => h.release())), 5_000);
       expect(await admin.exists(...keys.map((key) => `lock:{${key}}`))).toBe(0);
     } finally {
       jest.useRealTimers();
