@@ -295,6 +295,18 @@ export async function firstAfterRelease(app: LockApp, other: LockApp, prefix: st
   return first;
 }
 
+/** What `settled` reads for a promise that has not settled yet. */
+export const PENDING = Symbol('pending');
+
+/**
+ * `promise`'s value if it has already resolved, else PENDING, with no waiting: racing it with a
+ * resolved promise lets only callbacks already due run. For a sleep that a wake settles
+ * synchronously, it tells whether the wake came.
+ */
+export function settled<T>(promise: Promise<T>): Promise<T | typeof PENDING> {
+  return Promise.race([promise, Promise.resolve(PENDING)]);
+}
+
 /**
  * `promise`, or a rejection after `ms`, so that a hang fails the test (and its cleanup still runs)
  * instead of timing it out. The bound is Node's own timer (`node:timers`), which a test's fake

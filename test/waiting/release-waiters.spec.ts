@@ -2,6 +2,7 @@ import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import type { Handover, ReleaseWatch } from '../../lib/store/lock-store.js';
 import { realTime, type Time } from '../../lib/internal/time.js';
 import { MAX_HANDOFFS_IN_A_ROW, ReleaseWaiters } from '../../lib/waiting/release-waiters.js';
+import { PENDING, settled } from '../support/lock-testing.js';
 
 /**
  * The bookkeeping of one process's waiters, which decides which waiter a release wakes: on its
@@ -10,10 +11,6 @@ import { MAX_HANDOFFS_IN_A_ROW, ReleaseWaiters } from '../../lib/waiting/release
  * the same paths end to end against Redis. There, a wake that goes to the wrong waiter, or is
  * lost, only costs time: the waiter retries at its lease-bounded timeout. Here it is seen at once.
  */
-
-const PENDING = Symbol('pending');
-/** The sleep's outcome if it has ended (a wake settles it synchronously), else PENDING. */
-const outcome = <T>(sleep: Promise<T>): Promise<T | typeof PENDING> => Promise.race([sleep, Promise.resolve(PENDING)]);
 
 /** A long timeout: every sleep here ends by a wake or by close(), never by its timer. */
 const LONG = 60_000;
@@ -45,12 +42,11 @@ describe('ReleaseWaiters', () => {
         expect(along.owner).toBe('a');
         expect(along.leaseMs).toBe(1_000);
         expect(along.wake()).toBe(true);
-        expect(await outcome(sleep)).toBe('released');
       } else {
         // Its message wakes the waiter, here as in any other process.
         waiters.notify('k');
-        expect(await outcome(sleep)).toBe('released');
       }
+      expect(await settled(sleep)).toBe('released');
     }
     const round = [...Array.from({ length: MAX_HANDOFFS_IN_A_ROW }, () => true), false];
     expect(taken).toEqual([...round, ...round]);
@@ -64,7 +60,7 @@ describe('ReleaseWaiters', () => {
     expect(along?.owner).toBe('asleep');
     expect(along?.leaseMs).toBeUndefined();
     expect(along!.wake()).toBe(true);
-    expect(await outcome(sleep)).toBe('released');
+    expect(await settled(sleep)).toBe('released');
   });
 
   it('takes nobody along where nobody sleeps, and reports a taken-along waiter that stopped sleeping before its wake', async () => {
@@ -73,7 +69,7 @@ describe('ReleaseWaiters', () => {
     const sleep = waiter.sleep(LONG);
     const along = waiters.wakeBehindRelease('k');
     waiter.close();
-    expect(await outcome(sleep)).toBe('aborted');
+    expect(await settled(sleep)).toBe('aborted');
     // The store gives back a grant the release may have handed it.
     expect(along!.wake()).toBe(false);
   });
@@ -84,15 +80,15 @@ describe('ReleaseWaiters', () => {
     const firstSleep = first.sleep(LONG);
     const secondSleep = second.sleep(LONG);
     waiters.wakeBehindRelease('k')!.wake();
-    expect(await outcome(firstSleep)).toBe('released');
+    expect(await settled(firstSleep)).toBe('released');
     // The release's own message arrives while the first waiter's attempt is in flight.
     waiters.notify('k');
-    expect(await outcome(secondSleep)).toBe(PENDING);
+    expect(await settled(secondSleep)).toBe(PENDING);
     expect(waiters.asleep('k')).toBe(1);
     // Its attempt was refused (another process got in first): the kept message ends its next sleep.
-    expect(await outcome(first.sleep(LONG))).toBe('released');
+    expect(await settled(first.sleep(LONG))).toBe('released');
     // Kept once: the sleep after that waits for a release of its own.
-    expect(await outcome(first.sleep(LONG))).toBe(PENDING);
+    expect(await settled(first.sleep(LONG))).toBe(PENDING);
   });
 
   it('hands a taken-along waiter the verdict of the release that woke it, once: a later sleep forgets it', async () => {
@@ -100,13 +96,13 @@ describe('ReleaseWaiters', () => {
     const sleep = waiter.sleep(LONG);
     const verdict: Promise<Handover | undefined> = Promise.resolve({ fencingToken: 7, leaseStart: 0 });
     waiters.wakeBehindRelease('k')!.wake(verdict);
-    expect(await outcome(sleep)).toBe('released');
+    expect(await settled(sleep)).toBe('released');
     expect(waiter.takeHandover!()).toBe(verdict);
     expect(waiter.takeHandover!()).toBeUndefined();
     // Not taken before its next sleep (its attempt went ahead instead): that sleep forgets it.
     const again = waiter.sleep(LONG);
     waiters.wakeBehindRelease('k')!.wake(verdict);
-    expect(await outcome(again)).toBe('released');
+    expect(await settled(again)).toBe('released');
     void waiter.sleep(LONG);
     expect(waiter.takeHandover!()).toBeUndefined();
   });
@@ -118,9 +114,9 @@ describe('ReleaseWaiters', () => {
     waiters.notify('k');
     waiters.notify('k');
     waiters.notify('k');
-    expect(await outcome(first.sleep(LONG))).toBe('released');
-    expect(await outcome(second.sleep(LONG))).toBe('released');
-    expect(await outcome(first.sleep(LONG))).toBe(PENDING);
+    expect(await settled(first.sleep(LONG))).toBe('released');
+    expect(await settled(second.sleep(LONG))).toBe('released');
+    expect(await settled(first.sleep(LONG))).toBe(PENDING);
   });
 
   it('drops the kept releases a leaving waiter can no longer use', async () => {
@@ -129,8 +125,8 @@ describe('ReleaseWaiters', () => {
     waiters.notify('k');
     waiters.notify('k');
     leaving.close();
-    expect(await outcome(staying.sleep(LONG))).toBe('released');
-    expect(await outcome(staying.sleep(LONG))).toBe(PENDING);
+    expect(await settled(staying.sleep(LONG))).toBe('released');
+    expect(await settled(staying.sleep(LONG))).toBe(PENDING);
   });
 
   it('passes a wake on to the next sleeper when the woken waiter leaves without trying again', async () => {
@@ -139,33 +135,33 @@ describe('ReleaseWaiters', () => {
     const wokenSleep = woken.sleep(LONG);
     const nextSleep = next.sleep(LONG);
     waiters.notify('k');
-    expect(await outcome(wokenSleep)).toBe('released');
-    expect(await outcome(nextSleep)).toBe(PENDING);
+    expect(await settled(wokenSleep)).toBe('released');
+    expect(await settled(nextSleep)).toBe(PENDING);
     woken.close(true);
-    expect(await outcome(nextSleep)).toBe('released');
+    expect(await settled(nextSleep)).toBe('released');
   });
 
   it('keeps a wake addressed to a waiter that is busy for its next sleep: a fair release to its owner, and a read-write change', async () => {
     const waiter = join('a');
     waiters.notifyOwner('k', 'a');
-    expect(await outcome(waiter.sleep(LONG))).toBe('released');
+    expect(await settled(waiter.sleep(LONG))).toBe('released');
     waiters.notifyEveryone('k');
-    expect(await outcome(waiter.sleep(LONG))).toBe('released');
-    expect(await outcome(waiter.sleep(LONG))).toBe(PENDING);
+    expect(await settled(waiter.sleep(LONG))).toBe('released');
+    expect(await settled(waiter.sleep(LONG))).toBe(PENDING);
   });
 
   it('ends a sleep with granted for a fair grant to its wait, now or at its next sleep, and once per grant', async () => {
     const waiter = join('a');
     // Busy: kept for its next sleep.
     waiters.grant('k', 'a', waiter.waitId, 5);
-    expect(await outcome(waiter.sleep(LONG))).toBe('granted');
+    expect(await settled(waiter.sleep(LONG))).toBe('granted');
     expect(waiter.grantedToken).toBe(5);
     // The same grant again (the releaser's reply and the release message both report it): ignored.
     const sleep = waiter.sleep(LONG);
     waiters.grant('k', 'a', waiter.waitId, 5);
-    expect(await outcome(sleep)).toBe(PENDING);
+    expect(await settled(sleep)).toBe(PENDING);
     waiters.grant('k', 'a', waiter.waitId, 6);
-    expect(await outcome(sleep)).toBe('granted');
+    expect(await settled(sleep)).toBe('granted');
     expect(waiter.grantedToken).toBe(6);
   });
 
@@ -174,11 +170,11 @@ describe('ReleaseWaiters', () => {
     waiters.grant('k', 'a', waiter.waitId, 9);
     // An attempt refused at token 8 cannot have seen the grant of token 9: it stays.
     waiter.forgetGrant(8);
-    expect(await outcome(waiter.sleep(LONG))).toBe('granted');
+    expect(await settled(waiter.sleep(LONG))).toBe('granted');
     waiters.grant('k', 'a', waiter.waitId, 10);
     // Refused at token 10: the grant of 10 is void.
     waiter.forgetGrant(10);
-    expect(await outcome(waiter.sleep(LONG))).toBe(PENDING);
+    expect(await settled(waiter.sleep(LONG))).toBe(PENDING);
   });
 
   it("bounds a sleep's timer at Node's largest delay, so a wait with no end does not time out at once", () => {
