@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { LockBackendError, LockLostError } from '../../lib/index.js';
 import { aborted, startLockApp, type LockApp } from '../support/lock-testing.js';
-import { RedisServer } from '../support/redis-server.js';
+import { commandCalls, RedisServer } from '../support/redis-server.js';
 
 /** Writes 10 kB strings without expiry until Redis refuses one for memory; returns the error. */
 async function fill(raw: Redis): Promise<unknown> {
@@ -73,17 +73,12 @@ describe('a Redis with maxmemory and noeviction', () => {
       // Full, and staying full: a limit far below what Redis uses. (Filling up to the limit leaves
       // Redis at its edge, where a trimmed buffer can let the next write in.)
       await raw.config('SET', 'maxmemory', '1');
-      const scriptCalls = async (): Promise<{ evalsha: number; eval: number }> => {
-        const info = await raw.info('commandstats');
-        const calls = (command: string) => Number(new RegExp(`^cmdstat_${command}:calls=(\\d+)`, 'm').exec(info)?.[1] ?? 0);
-        return { evalsha: calls('evalsha'), eval: calls('eval') };
-      };
-      const before = await scriptCalls();
+      const before = await commandCalls(raw, 'evalsha', 'eval');
       const refused = await app.locks.tryAcquire('after').catch((e: unknown) => e);
       expect(refused).toBeInstanceOf(LockBackendError);
       expect((refused as Error).message).toMatch(/OOM command not allowed/);
       // Sent once, by SHA: only NOSCRIPT sends a script's text again (EVAL), not any error reply.
-      const after = await scriptCalls();
+      const after = await commandCalls(raw, 'evalsha', 'eval');
       expect(after.evalsha).toBeGreaterThan(before.evalsha);
       expect(after.eval).toBe(before.eval);
       await held.release();
