@@ -178,6 +178,37 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     }
   });
 
+  it('never lets the second run of a force-unlock delete a lock that one of the holders it deleted took again after the first', async () => {
+    const key = 'force:subset';
+    // Two readers hold the lock when the force-unlock looks; after its first run, one of them (the
+    // same owner, from another service) takes it again. Its fields are then a part of those the
+    // force-unlock saw, not another owner's: the second run must still leave them alone.
+    const readers = await startLockApp({ redis: redis.url });
+    const again = await startLockApp({ redis: redis.url });
+    try {
+      await readers.locks.acquire(key, { mode: 'read', owner: 'reader-a' });
+      await readers.locks.acquire(key, { mode: 'read', owner: 'reader-b' });
+      const before = await scriptCalls(raw);
+      link.holdRepliesFrom(shaOf(FORCE_UNLOCK));
+      const forcing = app.locks.forceUnlock(key);
+      forcing.catch(() => undefined);
+      let next: LockHandle;
+      try {
+        await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the first run of the force-unlock');
+        next = await again.locks.acquire(key, { mode: 'read', owner: 'reader-a' });
+      } finally {
+        link.cut();
+      }
+      expect(await forcing).toBe(true);
+      expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(3);
+      expect(await holds(key)).toEqual({ ':mode': 'read', 'reader-a:read': '1' });
+      expect(next.isHeld).toBe(true);
+      await next.release();
+    } finally {
+      await Promise.all([readers.close(), again.close()]);
+    }
+  });
+
   it('looks again when the holders a force-unlock read changed before its script ran, and deletes the lock of the new ones', async () => {
     const key = 'force:2';
     const direct = await startLockApp({ redis: redis.url });

@@ -106,6 +106,10 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     await store.acquire({ key: 'contract:lease', owner: 'A', leaseMs: 20_000 });
     expect(await store.acquire({ key: 'contract:lease', owner: 'A', leaseMs: 1_000 })).toMatchObject({ granted: true, holdCount: 2 });
     expect((await store.inspect('contract:lease', 'A')).ttlMs).toBeGreaterThan(19_000);
+    // A multi-key group re-entering the key: the same; its fresh key gets the group's lease.
+    expect(await store.acquireMany!(['contract:lease', 'contract:lease-new'], 'A', 1_000)).toMatchObject({ granted: true, grants: [{ holdCount: 3 }, { holdCount: 1 }] });
+    expect((await store.inspect('contract:lease', 'A')).ttlMs).toBeGreaterThan(19_000);
+    expect((await store.inspect('contract:lease-new', 'A')).ttlMs).toBeLessThanOrEqual(1_000);
     await store.acquire({ key: 'contract:read-lease', owner: 'A', leaseMs: 20_000, mode: 'read' });
     expect(await store.acquire({ key: 'contract:read-lease', owner: 'A', leaseMs: 1_000, mode: 'read' })).toMatchObject({ granted: true, holdCount: 2 });
     expect(await store.acquire({ key: 'contract:read-lease', owner: 'B', leaseMs: 1_000, mode: 'read' })).toMatchObject({ granted: true, holdCount: 1 });
@@ -115,6 +119,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect((await store.inspect('contract:read-lease', 'B', 'read')).holdCount).toBe(1);
     expect((await store.inspect('contract:read-lease', 'A')).holdCount).toBe(0);
     expect(await store.releaseAll('contract:lease', 'A')).toBe(true);
+    expect(await store.releaseAll('contract:lease-new', 'A')).toBe(true);
     expect(await store.releaseAll('contract:read-lease', 'A', 'read')).toBe(true);
     expect(await store.releaseAll('contract:read-lease', 'B', 'read')).toBe(true);
   });

@@ -62,6 +62,37 @@ describe('fair mode', () => {
     }
   });
 
+  it('skips a crashed waiter whose place lapsed: the release hands the lock to the live waiter behind it, not to the dead one', async () => {
+    const key = 'fair:lapsed';
+    const child = new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]);
+    try {
+      await child.next('ready');
+      const holder = await app.locks.acquire(key, { fair: true });
+      child.send({ type: 'wait', id: 98 });
+      await child.next('queued');
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
+      const behind = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
+      const { owner } = await contended;
+      child.kill('SIGKILL');
+      await child.exited;
+      // The dead waiter's place ends QUEUE_TIMEOUT after its last attempt; the live one keeps
+      // refreshing its own. Once Redis's clock is past that end, the dead place has lapsed.
+      const deadPlaceEnds = Number(await raw.zscore(`lock:{${key}}:queue:timeouts`, 'waiter-98'));
+      expect(deadPlaceEnds).toBeGreaterThan(0);
+      await until(async () => (await redisNowMs(raw)) > deadPlaceEnds, 5_000, "Redis's clock never passed the dead waiter's place");
+      await holder.release();
+      // Read at once, well within a handover lease: had the dead waiter been handed the lock, it would still hold it.
+      expect(await raw.hget(`lock:{${key}}`, 'waiter-98')).toBeNull();
+      expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
+      const lock = await behind;
+      expect(lock.owner).toBe(owner);
+      expect(await raw.exists(`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`)).toBe(0);
+      await lock.release();
+    } finally {
+      await child.stop();
+    }
+  });
+
   it('hands a lock whose lease ran out to the waiter at the head of the queue, not to a newcomer (no release handed it over)', async () => {
     const key = 'fair:expired';
     // The holder is another process, killed, so nothing of it can release the lock (a holder that
@@ -86,6 +117,29 @@ describe('fair mode', () => {
     } finally {
       child.kill('SIGCONT');
       await Promise.all([holder.stop(), child.stop()]);
+    }
+  });
+
+  it('lets the waiter at the head take a lock whose holder crashed with its own attempt, and leaves nothing of the queue behind', async () => {
+    const key = 'fair:head-takes';
+    // Killed, the holder releases nothing: the lock frees only when its 1 s lease runs out, and no
+    // release hands it over; the waiter's next attempt, at the head of the queue, takes it itself.
+    const holder = new Fixture('fenced-holder', [redis.url, key, '1000']);
+    const queue = [`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`];
+    try {
+      await holder.next('holding');
+      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = app.locks.acquire(key, { fair: true, waitMs: 10_000 });
+      const { owner } = await contended;
+      expect(await raw.lrange(queue[0]!, 0, -1)).toEqual([owner]);
+      holder.kill('SIGKILL');
+      await holder.exited;
+      const lock = await waiting;
+      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBeNull(); // taken, not handed over
+      expect(await raw.exists(...queue)).toBe(0);
+      await lock.release();
+    } finally {
+      await holder.stop();
     }
   });
 
