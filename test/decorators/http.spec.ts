@@ -16,6 +16,7 @@ import {
   Res,
   Sse,
   StreamableFile,
+  type ExecutionContext,
   type INestApplication,
   type PipeTransform,
 } from '@nestjs/common';
@@ -23,7 +24,8 @@ import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { PassThrough } from 'node:stream';
 import { interval, map, type Observable } from 'rxjs';
-import { Locked, LockInterceptor, LockModule, LockService } from '../../lib/index.js';
+import { Locked, LockInterceptor, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { translateLockError } from '../../lib/lock.interceptor.js';
 import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
 
@@ -478,6 +480,23 @@ describe('LockInterceptor options and loss', () => {
     expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 423, error: 'Locked', key: 'job:1' } });
     expect(res.headers.get('retry-after')).not.toBeNull();
     await holder.release();
+  });
+
+  it('rounds Retry-After up to whole seconds, and never says 0 when the holder\'s lease has already ended', async () => {
+    // retryAfterMs 0 is what a Redlock quorum that granted too late reports (nobody holds the lock:
+    // retry at once; redlock.spec). Redis gives 0 too for a lease in its last millisecond, which a
+    // test cannot aim at, so the error is built here and translated for an HTTP response that
+    // records its headers.
+    const sent: string[] = [];
+    const response = { setHeader: (name: string, value: string) => sent.push(`${name}: ${value}`) };
+    const context = { getType: () => 'http', switchToHttp: () => ({ getResponse: () => response }) } as unknown as ExecutionContext;
+    for (const ms of [0, 1, 1_000, 1_001, 27_493]) {
+      const translated = (await translateLockError(new LockNotAcquiredError('job:7', ms, 0, 'contended'), context, locks)) as HttpException;
+      expect(translated).toBeInstanceOf(HttpException);
+      expect(translated.getStatus()).toBe(423);
+      expect(translated.getResponse()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key: 'job:7', retryAfterMs: ms });
+    }
+    expect(sent).toEqual(['Retry-After: 1', 'Retry-After: 1', 'Retry-After: 1', 'Retry-After: 2', 'Retry-After: 28']);
   });
 
   it('answers 503 when the handler stopped because its lock was lost', async () => {
