@@ -23,8 +23,8 @@ import {
 import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { PassThrough } from 'node:stream';
-import { interval, map, type Observable } from 'rxjs';
-import { Locked, LockInterceptor, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
+import { from, interval, map, mergeMap, Observable } from 'rxjs';
+import { LockBackendError, Locked, LockInterceptor, LockModule, LockNotAcquiredError, LockService } from '../../lib/index.js';
 import { translateLockError } from '../../lib/lock.interceptor.js';
 import { CapturingLogger, gate, listening, loggedUnavailable, nextEvent, within } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
@@ -428,7 +428,9 @@ describe('which @Locked handlers carry LockInterceptor', () => {
 class ReshapingFilter implements ExceptionFilter {
   catch(exception: HttpException, host: ArgumentsHost) {
     const response = host.switchToHttp().getResponse<{ status(code: number): { json(body: unknown): void } }>();
-    response.status(exception.getStatus()).json({ reshaped: true, original: exception.getResponse() });
+    // The lock error rides along as the exception's cause, for filters like this one.
+    const cause = exception.cause instanceof Error ? exception.cause.name : undefined;
+    response.status(exception.getStatus()).json({ reshaped: true, original: exception.getResponse(), cause });
   }
 }
 
@@ -457,6 +459,19 @@ describe('LockInterceptor options and loss', () => {
       await new Promise((resolve) => lock.signal.addEventListener('abort', resolve, { once: true }));
       lock.signal.throwIfAborted();
     }
+
+    /**
+     * The same as an Observable the method does not declare (no return type): the call gives Nest a
+     * Promise of it, and the loss errors the Observable.
+     */
+    @Post(':id/long-stream')
+    @Locked('job:<0>', { leaseMs: 600, watchdog: true })
+    longStream(@Param('id') id: string) {
+      const lock = this.locks.current()!;
+      return from(redis.client().del(`lock:{job:${id}}`)).pipe(
+        mergeMap(() => new Observable<never>((subscriber) => lock.signal.addEventListener('abort', () => subscriber.error(lock.signal.reason), { once: true }))),
+      );
+    }
   }
 
   beforeAll(async () => {
@@ -477,7 +492,7 @@ describe('LockInterceptor options and loss', () => {
     const holder = await locks.acquire('job:1');
     const res = await fetch(`${url}/jobs/1`, { method: 'POST' });
     expect(res.status).toBe(423);
-    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 423, error: 'Locked', key: 'job:1' } });
+    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 423, error: 'Locked', key: 'job:1' }, cause: 'LockNotAcquiredError' });
     expect(res.headers.get('retry-after')).not.toBeNull();
     await holder.release();
   });
@@ -499,10 +514,23 @@ describe('LockInterceptor options and loss', () => {
     expect(sent).toEqual(['Retry-After: 1', 'Retry-After: 1', 'Retry-After: 1', 'Retry-After: 2', 'Retry-After: 28']);
   });
 
+  it('leaves a lock error as it is for an execution context of a type it does not know (a library\'s own transport)', async () => {
+    const context = { getType: () => 'necord' } as unknown as ExecutionContext;
+    for (const error of [new LockNotAcquiredError('job:8', 1_000, 0, 'contended'), new LockBackendError('acquire', 'job:8', new Error('down'))]) {
+      expect(await translateLockError(error, context, locks)).toBe(error);
+    }
+  });
+
   it('answers 503 when the handler stopped because its lock was lost', async () => {
     const res = await fetch(`${url}/jobs/2/long`, { method: 'POST' });
     expect(res.status).toBe(503);
-    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:2' } });
+    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:2' }, cause: 'LockLostError' });
+  });
+
+  it('answers 503 when an Observable the handler returned without declaring it errors because its lock was lost', async () => {
+    const res = await fetch(`${url}/jobs/3/long-stream`, { method: 'POST' });
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({ reshaped: true, original: { statusCode: 503, code: 'LOCK_LOST', key: 'job:3' }, cause: 'LockLostError' });
   });
 });
 
