@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { Locked, LockGroup, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { aborted, CapturingLogger, nextEvent, signalHooks, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, asleep, CapturingLogger, nextEvent, signalHooks, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('multi-key locks', () => {
   let redis: RedisServer;
@@ -67,6 +67,52 @@ describe('multi-key locks', () => {
     const group = await waiting;
     expect(group.isHeld).toBe(true);
     await group.release();
+  });
+
+  it('follows the key that blocks it: a waiter blocked by one key, then by another, takes the group at the second key\'s release', async () => {
+    const first = await other.locks.acquire('f:1');
+    const second = await other.locks.acquire('f:2', { leaseMs: 30_000 });
+    const blockedByFirst = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'f:1');
+    const waiting = app.locks.acquire(['f:1', 'f:2'], { waitMs: 10_000 });
+    await blockedByFirst;
+    await until(async () => asleep(app, 'f:1') === 1, 5_000, 'the group asleep on f:1');
+    await first.release();
+    // Woken, it finds f:2 held, watches f:2 instead, and sleeps there: not for f:2's 30 s lease,
+    // nor for the rest of its wait, but until f:2's release.
+    await until(async () => asleep(app, 'f:2') === 1, 5_000, 'the group asleep on f:2');
+    expect(await held('f:1')).toBe(0);
+    await second.release();
+    const group = await waiting;
+    expect(group.isHeld).toBe(true);
+    await group.release();
+  });
+
+  it('bounds the whole wait of a group taken one key at a time by waitMs, not waitMs per key', async () => {
+    const store = (app.locks as unknown as { store: { acquireMany?: unknown } }).store;
+    const atomic = store.acquireMany;
+    store.acquireMany = undefined; // as on keys spread over Cluster slots
+    const first = await other.locks.acquire('b:1');
+    const second = await other.locks.acquire('b:2');
+    try {
+      const blocked = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:1');
+      const started = performance.now();
+      const waiting = app.locks.acquire(['b:1', 'b:2'], { waitMs: 1_500 }).catch((e: unknown) => e);
+      await blocked;
+      // b:1 comes free 800 ms into the wait; b:2 never does. What is left for b:2 is the rest
+      // of the 1.5 s, not another 1.5 s.
+      await new Promise((resolve) => setTimeout(resolve, 800));
+      await first.release();
+      const failure = (await waiting) as LockNotAcquiredError;
+      const waited = performance.now() - started;
+      expect(failure).toBeInstanceOf(LockNotAcquiredError);
+      expect(failure.key).toBe('b:2');
+      expect(waited).toBeGreaterThanOrEqual(1_400);
+      expect(waited).toBeLessThan(2_000);
+      expect(await held('b:1')).toBe(0); // given back
+    } finally {
+      store.acquireMany = atomic;
+      await second.release();
+    }
   });
 
   it('re-enters keys the context already holds, and run() nests groups in single locks', async () => {
