@@ -496,19 +496,23 @@ describe('LockModule', () => {
     }
   });
 
-  it('gives back a grant that arrives after shutdown began, and fails that acquisition like any other then', async () => {
+  it('gives back a grant that arrives after shutdown began, for a lock and for a group, and fails that acquisition like any other then', async () => {
     const app = await startLockApp({ redis: redis.url });
     try {
       // Redis holds write commands for 300 ms: the attempt is in flight when close() starts.
       await redis.client().client('PAUSE', 300, 'WRITE');
-      const acquiring = app.locks.acquire('shutdown:in-flight').then(
-        () => 'granted',
-        (e: unknown) => String(e),
-      );
+      const outcome = (acquisition: Promise<unknown>) =>
+        acquisition.then(
+          () => 'granted',
+          (e: unknown) => String(e),
+        );
+      const acquiring = outcome(app.locks.acquire('shutdown:in-flight'));
+      const group = outcome(app.locks.acquire(['shutdown:in-flight:a', 'shutdown:in-flight:b']));
       await app.close();
       expect(await acquiring).toMatch(/^LockBackendError: Cannot acquire "shutdown:in-flight": the lock module has shut down/);
-      // Given back before the connection closed: nobody holds it until its lease would have ended.
-      expect(await redis.client().exists('lock:{shutdown:in-flight}')).toBe(0);
+      expect(await group).toMatch(/^LockBackendError: Cannot acquire "shutdown:in-flight:a, shutdown:in-flight:b": the lock module has shut down/);
+      // Given back before the connection closed: nobody holds them until their lease would have ended.
+      expect(await redis.client().exists('lock:{shutdown:in-flight}', 'lock:{shutdown:in-flight:a}', 'lock:{shutdown:in-flight:b}')).toBe(0);
     } finally {
       await app.close();
     }
