@@ -148,28 +148,38 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  /**
+   * Force-unlocks `key` with the reply of its script held back, runs `between` once that first run
+   * deleted the lock, then drops the connection: the script runs again after `between`. Returns
+   * what `between` took.
+   */
+  async function forceUnlockRunTwice(key: string, between: () => Promise<LockHandle>): Promise<LockHandle> {
+    const before = await scriptCalls(raw);
+    // The force-unlock reads the holders (a script of its own), then runs its script: hold that
+    // script's reply.
+    link.holdRepliesFrom(shaOf(FORCE_UNLOCK));
+    const forcing = app.locks.forceUnlock(key);
+    forcing.catch(() => undefined);
+    let next: LockHandle;
+    try {
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the first run of the force-unlock');
+      next = await between();
+    } finally {
+      link.cut();
+    }
+    expect(await forcing).toBe(true);
+    // Run twice, with `between` between the runs.
+    expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(3);
+    return next;
+  }
+
   it('never lets the second run of a force-unlock delete the lock another owner took after the first', async () => {
     const key = 'force:1';
     // Another service on a direct connection: its lock steps are not held back.
     const direct = await startLockApp({ redis: redis.url });
     try {
       await direct.locks.acquire(key);
-      const before = await scriptCalls(raw);
-      // The force-unlock reads the holders (a script of its own), then runs its script: hold that
-      // script's reply.
-      link.holdRepliesFrom(shaOf(FORCE_UNLOCK));
-      const forcing = app.locks.forceUnlock(key);
-      forcing.catch(() => undefined);
-      let next: LockHandle;
-      try {
-        await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the first run of the force-unlock');
-        next = await direct.locks.acquire(key);
-      } finally {
-        link.cut();
-      }
-      expect(await forcing).toBe(true);
-      // Run twice, with the other service's acquisition between the runs.
-      expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(3);
+      const next = await forceUnlockRunTwice(key, () => direct.locks.acquire(key));
       expect(await holds(key)).toEqual({ [next.owner]: '1' });
       expect(next.isHeld).toBe(true);
       await next.release();
@@ -188,19 +198,7 @@ describe('a lock step whose reply is lost to a dropped connection', () => {
     try {
       await readers.locks.acquire(key, { mode: 'read', owner: 'reader-a' });
       await readers.locks.acquire(key, { mode: 'read', owner: 'reader-b' });
-      const before = await scriptCalls(raw);
-      link.holdRepliesFrom(shaOf(FORCE_UNLOCK));
-      const forcing = app.locks.forceUnlock(key);
-      forcing.catch(() => undefined);
-      let next: LockHandle;
-      try {
-        await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 10_000, 'the first run of the force-unlock');
-        next = await again.locks.acquire(key, { mode: 'read', owner: 'reader-a' });
-      } finally {
-        link.cut();
-      }
-      expect(await forcing).toBe(true);
-      expect((await scriptCalls(raw)) - before).toBeGreaterThanOrEqual(3);
+      const next = await forceUnlockRunTwice(key, () => again.locks.acquire(key, { mode: 'read', owner: 'reader-a' }));
       expect(await holds(key)).toEqual({ ':mode': 'read', 'reader-a:read': '1' });
       expect(next.isHeld).toBe(true);
       await next.release();

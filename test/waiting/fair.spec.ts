@@ -36,20 +36,29 @@ describe('fair mode', () => {
     }
   });
 
+  /**
+   * `key` held here, the `fair-waiter` child's waiter `waiter-<id>` queued first and a waiter of
+   * this process (`behind`, whose owner is `owner`) second; then the child is killed (SIGKILL).
+   */
+  async function behindCrashedWaiter(key: string, child: Fixture, id: number) {
+    await child.next('ready');
+    const holder = await app.locks.acquire(key, { fair: true });
+    child.send({ type: 'wait', id });
+    await child.next('queued');
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
+    const behind = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
+    const { owner } = await contended;
+    expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual([`waiter-${id}`, owner]);
+    child.kill('SIGKILL');
+    await child.exited;
+    return { holder, behind, owner };
+  }
+
   it('does not stall behind a waiter that crashed (SIGKILL)', async () => {
     const key = 'fair:crash';
     const child = new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]);
     try {
-      await child.next('ready');
-      const holder = await app.locks.acquire(key, { fair: true });
-      child.send({ type: 'wait', id: 99 });
-      await child.next('queued');
-      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
-      const behind = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
-      await contended;
-      expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual(['waiter-99', expect.any(String)]);
-      child.kill('SIGKILL');
-      await child.exited;
+      const { holder, behind } = await behindCrashedWaiter(key, child, 99);
       const releasedAt = performance.now();
       await holder.release();
       const lock = await behind;
@@ -66,15 +75,7 @@ describe('fair mode', () => {
     const key = 'fair:lapsed';
     const child = new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]);
     try {
-      await child.next('ready');
-      const holder = await app.locks.acquire(key, { fair: true });
-      child.send({ type: 'wait', id: 98 });
-      await child.next('queued');
-      const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key && e.owner !== holder.owner);
-      const behind = app.locks.acquire(key, { fair: true, waitMs: 30_000 });
-      const { owner } = await contended;
-      child.kill('SIGKILL');
-      await child.exited;
+      const { holder, behind, owner } = await behindCrashedWaiter(key, child, 98);
       // The dead waiter's place ends QUEUE_TIMEOUT after its last attempt; the live one keeps
       // refreshing its own. Once Redis's clock is past that end, the dead place has lapsed.
       const deadPlaceEnds = Number(await raw.zscore(`lock:{${key}}:queue:timeouts`, 'waiter-98'));
