@@ -496,16 +496,18 @@ describe('LockModule', () => {
     }
   });
 
+  /** 'granted', or the error an acquisition failed with, as a string. */
+  const outcome = (acquisition: Promise<unknown>): Promise<string> =>
+    acquisition.then(
+      () => 'granted',
+      (e: unknown) => String(e),
+    );
+
   it('gives back a grant that arrives after shutdown began, for a lock and for a group, and fails that acquisition like any other then', async () => {
     const app = await startLockApp({ redis: redis.url });
     try {
       // Redis holds write commands for 300 ms: the attempt is in flight when close() starts.
       await redis.client().client('PAUSE', 300, 'WRITE');
-      const outcome = (acquisition: Promise<unknown>) =>
-        acquisition.then(
-          () => 'granted',
-          (e: unknown) => String(e),
-        );
       const acquiring = outcome(app.locks.acquire('shutdown:in-flight'));
       const group = outcome(app.locks.acquire(['shutdown:in-flight:a', 'shutdown:in-flight:b']));
       await app.close();
@@ -524,10 +526,7 @@ describe('LockModule', () => {
     try {
       const lock = await app.locks.acquire('shutdown:frozen');
       const contended = nextEvents(app.locks.events$, 'contended', 1);
-      const waiting = app.locks.acquire('shutdown:frozen', { waitMs: 60_000 }).then(
-        () => 'granted',
-        (e: unknown) => String(e),
-      );
+      const waiting = outcome(app.locks.acquire('shutdown:frozen', { waitMs: 60_000 }));
       await contended;
       server.pause();
       // Without its bound, close() would wait for the release's reply, which never comes. It allows

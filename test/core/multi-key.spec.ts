@@ -16,6 +16,18 @@ describe('multi-key locks', () => {
 
   const held = (...keys: string[]) => raw.exists(...keys.map((k) => `lock:{${k}}`));
 
+  /** Runs `fn` with the store's atomic multi-key step taken away, as on keys spread over Cluster slots: one key at a time. */
+  async function oneKeyAtATime(fn: () => Promise<void>): Promise<void> {
+    const store = (app.locks as unknown as { store: { acquireMany?: unknown } }).store;
+    const atomic = store.acquireMany;
+    store.acquireMany = undefined;
+    try {
+      await fn();
+    } finally {
+      store.acquireMany = atomic;
+    }
+  }
+
   it('takes every key, in canonical order, with one fencing token per key, and releases them all', async () => {
     const group = await app.locks.acquire(['m:b', 'm:a', 'm:b']);
     expect(group).toBeInstanceOf(LockGroup);
@@ -37,10 +49,7 @@ describe('multi-key locks', () => {
   });
 
   it('rolls back a partially taken group on a store without an atomic multi-key step', async () => {
-    const store = (app.locks as unknown as { store: { acquireMany?: unknown } }).store;
-    const atomic = store.acquireMany;
-    store.acquireMany = undefined; // as on keys spread over Cluster slots: one key at a time
-    try {
+    await oneKeyAtATime(async () => {
       const blocker = await other.locks.acquire('p:3');
       const taken: string[] = [];
       const subscription = app.locks.events$.subscribe((e) => e.type === 'acquired' && taken.push(e.key));
@@ -52,9 +61,7 @@ describe('multi-key locks', () => {
       const group = await app.locks.acquire(['p:2', 'p:1']);
       expect(group.keys).toEqual(['p:1', 'p:2']);
       await group.release();
-    } finally {
-      store.acquireMany = atomic;
-    }
+    });
   });
 
   it('waits for a key held elsewhere and takes the whole group when it is released', async () => {
@@ -88,29 +95,27 @@ describe('multi-key locks', () => {
   });
 
   it('bounds the whole wait of a group taken one key at a time by waitMs, not waitMs per key', async () => {
-    const store = (app.locks as unknown as { store: { acquireMany?: unknown } }).store;
-    const atomic = store.acquireMany;
-    store.acquireMany = undefined; // as on keys spread over Cluster slots
     const first = await other.locks.acquire('b:1');
     const second = await other.locks.acquire('b:2');
     try {
-      const blocked = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:1');
-      const started = performance.now();
-      const waiting = app.locks.acquire(['b:1', 'b:2'], { waitMs: 1_500 }).catch((e: unknown) => e);
-      await blocked;
-      // b:1 comes free 800 ms into the wait; b:2 never does. What is left for b:2 is the rest
-      // of the 1.5 s, not another 1.5 s.
-      await new Promise((resolve) => setTimeout(resolve, 800));
-      await first.release();
-      const failure = (await waiting) as LockNotAcquiredError;
-      const waited = performance.now() - started;
-      expect(failure).toBeInstanceOf(LockNotAcquiredError);
-      expect(failure.key).toBe('b:2');
-      expect(waited).toBeGreaterThanOrEqual(1_400);
-      expect(waited).toBeLessThan(2_000);
-      expect(await held('b:1')).toBe(0); // given back
+      await oneKeyAtATime(async () => {
+        const blocked = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'b:1');
+        const started = performance.now();
+        const waiting = app.locks.acquire(['b:1', 'b:2'], { waitMs: 1_500 }).catch((e: unknown) => e);
+        await blocked;
+        // b:1 comes free 800 ms into the wait; b:2 never does. What is left for b:2 is the rest
+        // of the 1.5 s, not another 1.5 s.
+        await new Promise((resolve) => setTimeout(resolve, 800));
+        await first.release();
+        const failure = (await waiting) as LockNotAcquiredError;
+        const waited = performance.now() - started;
+        expect(failure).toBeInstanceOf(LockNotAcquiredError);
+        expect(failure.key).toBe('b:2');
+        expect(waited).toBeGreaterThanOrEqual(1_400);
+        expect(waited).toBeLessThan(2_000);
+        expect(await held('b:1')).toBe(0); // given back
+      });
     } finally {
-      store.acquireMany = atomic;
       await second.release();
     }
   });

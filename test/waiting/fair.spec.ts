@@ -8,6 +8,9 @@ import { asleep, elsewhere, nextEvent, stallInTimer, startLockApp, waitRegistere
 
 const QUEUE_TIMEOUT = 1_000;
 
+/** The Redis names of `key`'s fair queue: the list, its place timeouts and its handover leases. */
+const queueKeys = (key: string) => [`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`];
+
 describe('fair mode', () => {
   let redis: RedisServer;
   let raw: Redis;
@@ -87,7 +90,7 @@ describe('fair mode', () => {
       expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
       const lock = await behind;
       expect(lock.owner).toBe(owner);
-      expect(await raw.exists(`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`)).toBe(0);
+      expect(await raw.exists(...queueKeys(key))).toBe(0);
       await lock.release();
     } finally {
       await child.stop();
@@ -126,7 +129,7 @@ describe('fair mode', () => {
     // Killed, the holder releases nothing: the lock frees only when its 1 s lease runs out, and no
     // release hands it over; the waiter's next attempt, at the head of the queue, takes it itself.
     const holder = new Fixture('fenced-holder', [redis.url, key, '1000']);
-    const queue = [`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`];
+    const queue = queueKeys(key);
     try {
       await holder.next('holding');
       const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === key);
@@ -178,7 +181,7 @@ describe('fair mode', () => {
       await child.next('queued');
       child.kill('SIGKILL');
       await child.exited;
-      const queue = [`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`];
+      const queue = queueKeys(key);
       expect(await raw.exists(...queue)).toBe(3);
       await until(async () => (await raw.exists(...queue)) === 0, 5_000, 'the queue outlived 2 queue timeouts of 300 ms');
       expect(holder.isHeld).toBe(true);
@@ -245,7 +248,7 @@ describe('fair mode', () => {
       expect(lock.holdCount).toBe(1);
       expect(lock.fencingToken).toBeGreaterThan(holder.fencingToken);
       expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
-      expect(await raw.exists(`lock:{${key}}:queue`, `lock:{${key}}:queue:timeouts`, `lock:{${key}}:queue:leases`)).toBe(0);
+      expect(await raw.exists(...queueKeys(key))).toBe(0);
       // Held for the handover lease (the queue timeout) until the watchdog renews it to the lease.
       expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(20_000);
       await lock.release();
