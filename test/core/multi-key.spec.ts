@@ -278,6 +278,10 @@ describe('@Locked with several keys', () => {
     async transfer(from: string, to: string) {
       return this.heldKeys(from, to);
     }
+    @Locked(['account:<0>', 'account:<1>'], { onContention: 'skip' })
+    async transferOrSkip(from: string, to: string) {
+      return this.heldKeys(from, to);
+    }
     @Locked((from: string, to: string) => [`account:${from}`, `account:${to}`, `account:${from}`])
     async transferByFunction(from: string, to: string) {
       return this.heldKeys(from, to);
@@ -310,6 +314,20 @@ describe('@Locked with several keys', () => {
     await nextEvent(locks.events$, 'contended', (e) => e.key === 'account:3');
     await blocker.release();
     expect(await skipped).toEqual(['account:3', 'account:4']);
+  });
+
+  it('skips a skipping method while another owner holds one of its keys, and names that key', async () => {
+    const locks = moduleRef.get(LockService);
+    const blocker = await locks.acquire('account:7', { owner: 'someone-else' });
+    try {
+      const skipped = nextEvent(locks.events$, 'skipped');
+      expect(await transfers.transferOrSkip('6', '7')).toBeUndefined();
+      expect(await skipped).toMatchObject({ key: 'account:7', method: '@Locked on Transfers.transferOrSkip' });
+    } finally {
+      await blocker.release();
+    }
+    expect(await redis.client().exists('lock:{account:6}')).toBe(0);
+    expect(await transfers.transferOrSkip('6', '7')).toEqual(['account:6', 'account:7']);
   });
 
   it('locks every key a key function returns, and refuses a bad one among them at call time', async () => {

@@ -3,8 +3,8 @@ import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { firstValueFrom, isObservable, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
-import { Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent } from '../../lib/index.js';
+import { firstValueFrom, isObservable, lastValueFrom, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
+import { LockBackendError, Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent } from '../../lib/index.js';
 import { CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
@@ -22,6 +22,32 @@ const OtherObservable = (() => {
   return Observable;
 })();
 type OtherObservable<T> = RxObservable<T>;
+/**
+ * The Observable of a library that does not know rxjs 7's Subscriber (rxjs 6 is one): it wraps
+ * the observer it is given, so unsubscribing on rxjs's side does not reach it; only the
+ * unsubscribe() of the subscription it returns stops its producer.
+ */
+const ForeignObservable = (() => {
+  class Observable {
+    constructor(private readonly produce: (next: (value: number) => void) => () => void) {}
+    lift(): never {
+      throw new Error('not used');
+    }
+    subscribe(observer: { next?: (value: number) => void }) {
+      return { unsubscribe: this.produce((value) => observer.next?.(value)) };
+    }
+  }
+  return Observable;
+})();
+type ForeignObservable = InstanceType<typeof ForeignObservable>;
+/** What the producers of ForeignObservable streams did, and when each lock was released. */
+const foreignLog: string[] = [];
+const foreignStream = (name: string) =>
+  new ForeignObservable((next) => {
+    foreignLog.push(`${name} started`);
+    next(1);
+    return () => foreignLog.push(`${name} stopped`);
+  });
 let onFeedSubscribed: (() => void) | undefined;
 let calls = 0;
 
@@ -109,14 +135,15 @@ class Ledger {
     return new OtherObservable<number>((subscriber) => feeds.get(name)!.subscribe(subscriber));
   }
 
-  /** Its subscribe function reads the lock it runs under, and re-enters it. */
+  /** The method and its subscribe function read the lock they run under; the latter re-enters it. */
   @Locked('feed:<0>')
-  watchInside(name: string): Observable<{ key?: string; nested: number }> {
+  watchInside(name: string): Observable<{ atCall?: string; key?: string; nested: number }> {
+    const atCall = this.locks.current()?.key;
     return new Observable((subscriber) => {
       const key = this.locks.current()?.key;
       this.locks.run(`feed:${name}`, async (inner) => inner.holdCount, { waitMs: 0 }).then(
         (nested) => {
-          subscriber.next({ key, nested });
+          subscriber.next({ atCall, key, nested });
           subscriber.complete();
         },
         (error: unknown) => subscriber.error(error),
@@ -135,6 +162,23 @@ class Ledger {
   @Locked('feed:<0>')
   watchFailing(name: string): Observable<number> {
     throw new RangeError(`no feed ${name}`);
+  }
+
+  /** Declares an Observable, but returns what `result` gives: a Promise or a plain value. */
+  @Locked('feed:<0>')
+  watchNotObservable(name: string, result: () => unknown): Observable<string> {
+    return result() as Observable<string>;
+  }
+
+  @Locked('feed:<0>')
+  watchForeign(name: string): ForeignObservable {
+    return foreignStream(name);
+  }
+
+  // No return type written: the Promise of a foreign Observable.
+  @Locked('feed:<0>')
+  watchForeignUndeclared(name: string) {
+    return foreignStream(name);
   }
 
   @Locked('feed:<0>')
@@ -305,8 +349,8 @@ describe('@Locked on provider methods called directly', () => {
     await released;
   });
 
-  it("subscribes to a declared Observable inside its lock: the subscribe function sees the lock, and a locked call from it re-enters", async () => {
-    expect(await within(firstValueFrom(ledger.watchInside('F8')), 5_000)).toEqual({ key: 'feed:F8', nested: 2 });
+  it("calls a declared Observable's method and subscribes to its Observable inside the lock: both see it, and a locked call from the subscribe function re-enters", async () => {
+    expect(await within(firstValueFrom(ledger.watchInside('F8')), 5_000)).toEqual({ atCall: 'feed:F8', key: 'feed:F8', nested: 2 });
     await until(async () => !(await locks.isLocked('feed:F8')), 5_000, 'the lock was never released');
   });
 
@@ -318,6 +362,51 @@ describe('@Locked on provider methods called directly', () => {
       await other.release();
     }
     expect(await within(firstValueFrom(ledger.watchOrSkip('F9')), 5_000)).toBe('F9');
+  });
+
+  it('turns what a method that declares an Observable returns instead (a Promise, a value) into one value and completes, then releases', async () => {
+    for (const [name, result] of [
+      ['F11', () => Promise.resolve('from a Promise')],
+      ['F12', () => 'a plain value'],
+    ] as const) {
+      const released = nextEvent(locks.events$, 'released', (e) => e.key === `feed:${name}`);
+      expect(await within(lastValueFrom(ledger.watchNotObservable(name, result).pipe(toArray())), 5_000)).toEqual([await result()]);
+      await released;
+    }
+    const released = nextEvent(locks.events$, 'released', (e) => e.key === 'feed:F13');
+    await expect(within(lastValueFrom(ledger.watchNotObservable('F13', () => Promise.reject(new RangeError('no feed F13')))), 5_000)).rejects.toThrow('no feed F13');
+    await released;
+  });
+
+  it("errors a declared Observable whose lock another owner holds past the wait, with the wait's LockNotAcquiredError", async () => {
+    const other = await elsewhere(() => locks.acquire('feed:F14'));
+    try {
+      const failure = await within(firstValueFrom(ledger.watch('F14')).catch((e: unknown) => e), 5_000);
+      expect(failure).toBeInstanceOf(LockNotAcquiredError);
+      expect(failure).toMatchObject({ key: 'feed:F14' });
+    } finally {
+      await other.release();
+    }
+  });
+
+  it("stops another library's Observable before giving its lock back when the subscriber leaves, declared or not", async () => {
+    foreignLog.length = 0;
+    const watching = locks.events$.subscribe((e) => e.type === 'released' && e.key.startsWith('feed:F15') && foreignLog.push(`${e.key} released`));
+    try {
+      const declared = ledger.watchForeign('F15a');
+      const undeclared = (await ledger.watchForeignUndeclared('F15b')) as unknown as Observable<number>;
+      for (const [name, stream] of [['F15a', declared], ['F15b', undeclared]] as const) {
+        const first = gate();
+        const subscription = stream.subscribe(() => first.open());
+        await first.promise;
+        const released = nextEvent(locks.events$, 'released', (e) => e.key === `feed:${name}`);
+        subscription.unsubscribe();
+        await released;
+      }
+    } finally {
+      watching.unsubscribe();
+    }
+    expect(foreignLog).toEqual(['F15a started', 'F15a stopped', 'feed:F15a released', 'F15b started', 'F15b stopped', 'feed:F15b released']);
   });
 
   it('errors a declared Observable whose method throws at once, and releases its lock', async () => {
@@ -443,6 +532,23 @@ describe("@Locked under the module's onContention and minHoldMs", () => {
       // onContention 'skip': the module's 60 s wait does not apply; the call returns at once.
       expect(await within(elsewhere(() => jobs.run('1')), 3_000)).toBeUndefined();
     } finally {
+      await app.close();
+      await redis.stop();
+    }
+  });
+
+  it('fails a skipping method whose Redis does not answer with LockBackendError: an outage is not contention', async () => {
+    const redis = await RedisServer.start();
+    const app = await startLockApp({ redis: redis.url, onContention: 'skip', stepTimeoutMs: 250 }, [Jobs]);
+    const skipped: LockEvent[] = [];
+    const watching = app.locks.events$.subscribe((e) => e.type === 'skipped' && skipped.push(e));
+    try {
+      redis.pause();
+      const failure = await within(app.moduleRef.get(Jobs).run('2').catch((e: unknown) => e), 5_000).finally(() => redis.resume());
+      expect(failure).toBeInstanceOf(LockBackendError);
+      expect(skipped).toEqual([]);
+    } finally {
+      watching.unsubscribe();
       await app.close();
       await redis.stop();
     }
