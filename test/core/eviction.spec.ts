@@ -89,3 +89,42 @@ describe('a Redis with maxmemory and noeviction', () => {
     }
   });
 });
+
+describe('a Redis with an eviction policy but no maxmemory', () => {
+  it('gives no warning: without a limit, Redis evicts nothing', async () => {
+    const redis = await RedisServer.start(['--maxmemory-policy', 'allkeys-lru']);
+    try {
+      expect(await redis.client().config('GET', 'maxmemory')).toEqual(['maxmemory', '0']);
+      const app = await startLockApp({ redis: redis.url });
+      await app.close();
+      expect(app.logger.at('warn')).toEqual([]);
+    } finally {
+      await redis.stop();
+    }
+  });
+});
+
+describe('a Redis user that may not run INFO (an ACL)', () => {
+  it('starts without the version and eviction checks, says so at debug, and takes locks', async () => {
+    // A Redis that would be warned of: maxmemory with volatile-lru.
+    const redis = await RedisServer.start(['--maxmemory', '3mb', '--maxmemory-policy', 'volatile-lru']);
+    try {
+      await redis.client().call('ACL', 'SETUSER', 'noinfo', 'on', '>noinfo-password', '~*', '&*', '+@all', '-info');
+      const app = await startLockApp({ redis: `redis://noinfo:noinfo-password@127.0.0.1:${redis.port}` });
+      try {
+        expect(app.logger.at('warn')).toEqual([]);
+        expect(app.logger.at('debug')).toEqual(
+          expect.arrayContaining([
+            expect.stringMatching(/^could not read INFO server of redis 127\.0\.0\.1:\d+: .*NOPERM/),
+            expect.stringMatching(/^could not read INFO memory of redis 127\.0\.0\.1:\d+: .*NOPERM/),
+          ]),
+        );
+        expect(await app.locks.run('no-info', async (lock) => lock.holdCount)).toBe(1);
+      } finally {
+        await app.close();
+      }
+    } finally {
+      await redis.stop();
+    }
+  });
+});

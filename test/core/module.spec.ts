@@ -16,7 +16,7 @@ import {
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
-import { CapturingLogger, gate, nextEvents, startLockApp, waitRegistered } from '../support/lock-testing.js';
+import { CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
 import { freePort, olderRedisProxy, RedisServer, scriptCalls, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
@@ -184,6 +184,28 @@ describe('LockModule', () => {
       expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
       // Nothing left running: the service dropped its connection.
       await until(async () => silent.connections === 0, 5_000, 'the failed service kept its connection open');
+    } finally {
+      await silent.close();
+    }
+  });
+
+  it('fails bootstrap as soon as the connection ends for good (retryStrategy gave up), saying so', async () => {
+    const silent = await silentPort();
+    try {
+      const moduleRef = await Test.createTestingModule({
+        imports: [LockModule.forRoot({ redis: { host: '127.0.0.1', port: silent.port, retryStrategy: () => null }, connectTimeoutMs: 30_000 })],
+      })
+        .setLogger(new CapturingLogger())
+        .compile();
+      const init = moduleRef.init().then(
+        () => new Error('init succeeded'),
+        (e: unknown) => e,
+      );
+      await until(async () => silent.connections === 1, 5_000, 'never connected');
+      await silent.close(); // the server goes away; the client gives up
+      const failure = await within(init, 5_000);
+      expect(failure).toBeInstanceOf(LockBackendError);
+      expect((failure as Error).message).toMatch(/the connection to redis 127\.0\.0\.1:\d+ ended/);
     } finally {
       await silent.close();
     }
@@ -542,14 +564,21 @@ describe('LockModule', () => {
     }
   });
 
-  it('never closes a client the application passed in', async () => {
+  it('never closes a client the application passed in, and leaves no listener on it', async () => {
     const own = new Redis(redis.url);
-    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own })] }).compile();
-    await moduleRef.init();
-    await moduleRef.get(LockService).run('byo', async () => undefined);
-    await moduleRef.close();
-    expect(await own.ping()).toBe('PONG');
-    await own.quit();
+    try {
+      await own.ping();
+      const before = listenerCounts(own);
+      const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: own })] }).compile();
+      await moduleRef.init();
+      await moduleRef.get(LockService).run('byo', async () => undefined);
+      expect(listenerCounts(own)).not.toEqual(before); // the store listens while it runs
+      await moduleRef.close();
+      expect(listenerCounts(own)).toEqual(before);
+      expect(await own.ping()).toBe('PONG');
+    } finally {
+      await own.quit();
+    }
   });
 
   it('keeps two applications in one process apart: their locks contend', async () => {
@@ -568,19 +597,41 @@ describe('LockModule', () => {
 
 describe('LockModule on a Redis older than 6.2', () => {
   let redis: RedisServer;
-  let proxy: Awaited<ReturnType<typeof olderRedisProxy>>;
   beforeAll(async () => {
     redis = await RedisServer.start();
-    proxy = await olderRedisProxy(redis);
   });
   afterAll(async () => {
-    await proxy?.close();
     await redis?.stop();
   });
 
-  it('fails bootstrap with a LockConfigurationError that names the version and the one needed', async () => {
-    const failure = await startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }).catch((e: unknown) => e);
-    expect(failure).toBeInstanceOf(LockConfigurationError);
-    expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${proxy.version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
+  it.each(['6.0.16', '6.1.16'])('fails bootstrap on Redis %s with a LockConfigurationError that names the version and the one needed', async (claimed) => {
+    const proxy = await olderRedisProxy(redis, claimed);
+    try {
+      const failure = await startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }).then(
+        async (app) => {
+          await app.close();
+          return new Error('bootstrap succeeded');
+        },
+        (e: unknown) => e,
+      );
+      expect(failure).toBeInstanceOf(LockConfigurationError);
+      expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${proxy.version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it('starts on Redis 6.2, the first with SET ... GET, and takes locks there', async () => {
+    const proxy = await olderRedisProxy(redis, '6.2.16');
+    try {
+      const app = await startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` });
+      try {
+        await app.locks.run('on-6.2', async (lock) => expect(lock.fencingToken).toBeGreaterThan(0));
+      } finally {
+        await app.close();
+      }
+    } finally {
+      await proxy.close();
+    }
   });
 });

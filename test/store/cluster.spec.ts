@@ -6,7 +6,7 @@ import { LockService, type LockLostError } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { scriptCalls, tcpProxy, until, type RedisServer } from '../support/redis-server.js';
-import { aborted, elsewhere, firstAfterRelease, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
+import { aborted, elsewhere, firstAfterRelease, listenerCounts, lockEachWay, nextEvent, nextEvents, startLockApp, waitRegistered, type LockApp } from '../support/lock-testing.js';
 
 /**
  * Redis Cluster specifics (the common behaviour runs on a Cluster in behaviour.spec.ts): a local
@@ -134,12 +134,17 @@ describe('Redis Cluster', () => {
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 
-  it('accepts a Cluster client the app created, and leaves it open at shutdown', async () => {
+  it('accepts a Cluster client the app created, and leaves it open at shutdown, with no listener of it on the client or its nodes', async () => {
     const client = cluster.client();
+    await client.ping();
+    const listening = () => [listenerCounts(client), ...client.nodes().map(listenerCounts)];
+    const before = listening();
     const other = await startLockApp({ redis: client, leaseMs: 600 });
     expect((await other.locks.health()).store).toMatch(/^redis cluster /);
     await other.locks.run('own-client', async () => expect(await app.locks.isLocked('own-client')).toBe(true));
+    expect(listening()).not.toEqual(before);
     await other.close();
+    expect(listening()).toEqual(before);
     expect(client.status).toBe('ready');
     expect(other.moduleRef.get(LockService)).toBeDefined();
   });

@@ -5,7 +5,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
 import { AsyncResource } from 'node:async_hooks';
-import { getEventListeners } from 'node:events';
+import { getEventListeners, type EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
 import type { Redis } from 'ioredis';
@@ -305,6 +305,11 @@ export const PENDING = Symbol('pending');
  */
 export function settled<T>(promise: Promise<T>): Promise<T | typeof PENDING> {
   return Promise.race([promise, Promise.resolve(PENDING)]);
+}
+
+/** How many listeners each event of `emitter` has (a client the application passed in, say). */
+export function listenerCounts(emitter: EventEmitter): Record<string, number> {
+  return Object.fromEntries(emitter.eventNames().map((name) => [String(name), emitter.listenerCount(name)]));
 }
 
 /**

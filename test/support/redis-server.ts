@@ -405,13 +405,13 @@ export async function tcpProxy(
 }
 
 /**
- * A proxy to `server` whose INFO reports Redis 6.0.x instead of the real version (only Redis 7 is
- * installed here): the version string is rewritten at the same length, so the reply stays well
- * formed. INFO's reply comes in one piece on loopback.
+ * A proxy to `server` whose INFO reports an older Redis (`claimed`, 6.0.x unless told) instead of
+ * the real version (only Redis 7 is installed here): the version string is rewritten at the same
+ * length, so the reply stays well formed. INFO's reply comes in one piece on loopback.
  */
-export async function olderRedisProxy(server: RedisServer): Promise<{ port: number; version: string; close(): Promise<void> }> {
+export async function olderRedisProxy(server: RedisServer, claimed = '6.0.16'): Promise<{ port: number; version: string; close(): Promise<void> }> {
   const actual = /redis_version:(\S+)/.exec(String(await server.client().info('server')))![1]!;
-  const version = '6.0.16'.padEnd(actual.length, '0').slice(0, actual.length);
+  const version = claimed.padEnd(actual.length, '0').slice(0, actual.length);
   const from = Buffer.from(`redis_version:${actual}\r\n`);
   const to = Buffer.from(`redis_version:${version}\r\n`);
   const proxy = await tcpProxy(server.port, (data) => {

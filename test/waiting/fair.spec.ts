@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, redisNowMs, scriptCalls, until } from '../support/redis-server.js';
-import { asleep, elsewhere, nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { asleep, elsewhere, nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
 
 const QUEUE_TIMEOUT = 1_000;
 
@@ -227,7 +227,7 @@ describe('fair mode', () => {
     });
 
     /** Starts a fair wait on `key` in `waiterApp` and resolves once it sleeps with its wait registered. */
-    async function queuedWaiter(key: string, options: { watchdog?: boolean } = {}, waiterApp = patient) {
+    async function queuedWaiter(key: string, options: { watchdog?: boolean; owner?: string } = {}, waiterApp = patient) {
       const contended = nextEvent(waiterApp.locks.events$, 'contended', (e) => e.key === key);
       const waiting = waiterApp.locks.acquire(key, { fair: true, waitMs: 60_000, ...options });
       const { owner } = await contended;
@@ -253,6 +253,20 @@ describe('fair mode', () => {
       expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(20_000);
       await lock.release();
       expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
+
+    it('hands the lock by message to a waiter whose own owner token has spaces in it', async () => {
+      const key = 'fair:handover-spaces';
+      const holder = await other.locks.acquire(key, { fair: true });
+      const { waiting, owner } = await queuedWaiter(key, { owner: 'night shift 7' });
+      expect(owner).toBe('night shift 7');
+      await raw.config('RESETSTAT');
+      await holder.release();
+      const lock = await within(waiting, 5_000);
+      // The holder's release only: the message named the waiter, which took the lock without asking.
+      expect(await scriptCalls(raw)).toBe(1);
+      expect(await raw.hget(`lock:{${key}}`, 'night shift 7')).toBe('1');
+      await lock.release();
     });
 
     it('wakes a waiter of the releasing process from the release reply, without the message', async () => {
