@@ -75,6 +75,8 @@ describe('Redis Cluster', () => {
     }
     await holder.release();
     await (await waiting).release();
+    // The wait is over: its shard channel is given up (SUNSUBSCRIBE; a plain UNSUBSCRIBE would not).
+    await until(async () => !(await shardChannels(owner)).includes('lock:{sharded}'), 5_000, 'the shard channel stayed subscribed after its wait');
   });
 
   it('hands a fair lock to a waiter of another service over sharded pub/sub, with no Redis call of the waiter', async () => {
