@@ -1,8 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
-import type { RedisServer } from '../support/redis-server.js';
-import { stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { until, type RedisServer } from '../support/redis-server.js';
+import { listenerCounts, stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('LockService.health()', () => {
   let redis: RedisServer;
@@ -36,6 +36,29 @@ describe('LockService.health()', () => {
       redis.resume();
     }
     expect((await app.locks.health()).status).toBe('up');
+  });
+
+  it('is down while Redis is gone, and a probe every time meanwhile leaves at most one wait for the connection on the client', async () => {
+    const own = redis.client();
+    await own.ping();
+    const before = listenerCounts(own);
+    const probed = await startLockApp({ redis: own });
+    const during = listenerCounts(own);
+    try {
+      const gone = new Promise((resolve) => own.once('close', resolve));
+      await redis.kill();
+      await gone;
+      // More probes than Node's default of 10 listeners per event, which would warn.
+      for (let i = 0; i < 12; i++) expect((await probed.locks.health(20)).status).toBe('down');
+      const waiting = listenerCounts(own);
+      expect([waiting.ready, waiting.end]).toEqual([(during.ready ?? 0) + 1, (during.end ?? 0) + 1]);
+    } finally {
+      await redis.launch();
+    }
+    await until(async () => (await probed.locks.health()).status === 'up', 10_000, 'never up again');
+    expect(listenerCounts(own)).toEqual(during);
+    await probed.close();
+    expect(listenerCounts(own)).toEqual(before);
   });
 
   it('is down once the application has shut down, without asking Redis (a readiness probe during shutdown)', async () => {

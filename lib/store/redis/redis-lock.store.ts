@@ -184,20 +184,7 @@ export class RedisLockStore implements LockStore {
     // on its own.
     this.connect();
     const client = this.client;
-    if (client.status !== 'ready') {
-      await new Promise<void>((resolve, reject) => {
-        const onReady = () => {
-          client.off('end', onEnd);
-          resolve();
-        };
-        const onEnd = () => {
-          client.off('ready', onReady);
-          reject(new Error(`the connection to ${this.description} ended`));
-        };
-        client.once('ready', onReady);
-        client.once('end', onEnd);
-      });
-    }
+    if (client.status !== 'ready') await this.connected();
     if (!this.cluster) {
       // The checks go out with the loads, on the same connection and in that order: before any
       // lock step, and the publish check's script is loaded by then.
@@ -213,6 +200,32 @@ export class RedisLockStore implements LockStore {
     if (major >= 7 && this.channels.size === 0) this.publish = 'spublish';
     await Promise.all(this.bootstrapChecks(masters));
   }
+
+  /**
+   * Resolves once the client is ready; rejects if its connection ends for good first. Every
+   * ready() waiting meanwhile shares one wait, so a health probe every few seconds during an outage
+   * adds no listener of its own to the client (each probe gives up after its timeout; the wait
+   * stays until the connection is back).
+   */
+  private connected(): Promise<void> {
+    const client = this.client;
+    this.connecting ??= new Promise<void>((resolve, reject) => {
+      const onReady = () => {
+        client.off('end', onEnd);
+        resolve();
+      };
+      const onEnd = () => {
+        client.off('ready', onReady);
+        reject(new Error(`the connection to ${this.description} ended`));
+      };
+      client.once('ready', onReady);
+      client.once('end', onEnd);
+    }).finally(() => (this.connecting = undefined));
+    return this.connecting;
+  }
+
+  /** The wait connected() shares, while the client is not ready. */
+  private connecting: Promise<void> | undefined;
 
   /**
    * Refuses a Redis older than the scripts need: fencing tokens use SET ... GET, new in Redis 6.2,
