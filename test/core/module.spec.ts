@@ -16,7 +16,7 @@ import {
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
-import { CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
+import { bootstrapFailure, CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
 import { freePort, olderRedisProxy, RedisServer, scriptCalls, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
@@ -153,14 +153,7 @@ describe('LockModule', () => {
       /redlock issues no fencing tokens .*leave fencingTokens out/,
     ],
   ])('fails bootstrap on %j, naming %s', async (options, option, message) => {
-    const failure = await compile(options).then(
-      // Closed, so that a row whose check is missing fails here instead of leaving a client reconnecting.
-      async (moduleRef) => {
-        await moduleRef.close();
-        return new Error('bootstrap succeeded');
-      },
-      (e: unknown) => e,
-    );
+    const failure = await bootstrapFailure(() => compile(options));
     expect(failure).toBeInstanceOf(LockConfigurationError);
     expect((failure as LockConfigurationError).option).toBe(option);
     expect((failure as Error).message).toMatch(message);
@@ -176,10 +169,7 @@ describe('LockModule', () => {
       })
         .setLogger(new CapturingLogger())
         .compile();
-      const failure = await moduleRef.init().then(
-        () => new Error('init succeeded'),
-        (e: unknown) => e,
-      );
+      const failure = await bootstrapFailure(() => moduleRef.init());
       expect(failure).toBeInstanceOf(LockBackendError);
       expect((failure as Error).message).toMatch(/no answer from redis 127\.0\.0\.1:\d+ within 300 ms .*connectTimeoutMs: 0/);
       // Nothing left running: the service dropped its connection.
@@ -197,10 +187,7 @@ describe('LockModule', () => {
       })
         .setLogger(new CapturingLogger())
         .compile();
-      const init = moduleRef.init().then(
-        () => new Error('init succeeded'),
-        (e: unknown) => e,
-      );
+      const init = bootstrapFailure(() => moduleRef.init());
       await until(async () => silent.connections === 1, 5_000, 'never connected');
       await silent.close(); // the server goes away; the client gives up
       const failure = await within(init, 5_000);
@@ -231,16 +218,14 @@ describe('LockModule', () => {
     }
     const silent = await silentPort();
     try {
-      const failure = await Test.createTestingModule({
-        imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${silent.port}` })],
-        providers: [NeedsMissing],
-      })
-        .setLogger(new CapturingLogger())
-        .compile()
-        .then(
-          () => new Error('compiled'),
-          (e: unknown) => e,
-        );
+      const failure = await bootstrapFailure(() =>
+        Test.createTestingModule({
+          imports: [LockModule.forRoot({ redis: `redis://127.0.0.1:${silent.port}` })],
+          providers: [NeedsMissing],
+        })
+          .setLogger(new CapturingLogger())
+          .compile(),
+      );
       expect((failure as Error).message).toMatch(/can't resolve dependencies of the NeedsMissing/);
       // A connection the service had started would reach the server before this one.
       const probe = connect(silent.port, '127.0.0.1');
@@ -332,12 +317,13 @@ describe('LockModule', () => {
   });
 
   it('fails bootstrap when forRootAsync produces bad options', async () => {
-    const failure = await Test.createTestingModule({
-      imports: [LockModule.forRootAsync({ useFactory: () => ({ waitMs: -1 }) })],
-    })
-      .setLogger(new CapturingLogger())
-      .compile()
-      .then(() => new Error('compiled'), (e: unknown) => e);
+    const failure = await bootstrapFailure(() =>
+      Test.createTestingModule({
+        imports: [LockModule.forRootAsync({ useFactory: () => ({ waitMs: -1 }) })],
+      })
+        .setLogger(new CapturingLogger())
+        .compile(),
+    );
     expect(failure).toBeInstanceOf(LockConfigurationError);
   });
 
@@ -358,10 +344,11 @@ describe('LockModule', () => {
   });
 
   it('is not global without isGlobal: a module that does not import LockModule cannot inject LockService', async () => {
-    const failure = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url }), JobsModule] })
-      .setLogger(new CapturingLogger())
-      .compile()
-      .then((m) => m.close().then(() => new Error('compiled')), (e: unknown) => e);
+    const failure = await bootstrapFailure(() =>
+      Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url }), JobsModule] })
+        .setLogger(new CapturingLogger())
+        .compile(),
+    );
     expect((failure as Error).message).toMatch(/can't resolve dependencies of the Jobs \(\?\)/);
   });
 
@@ -607,13 +594,7 @@ describe('LockModule on a Redis older than 6.2', () => {
   it.each(['6.0.16', '6.1.16'])('fails bootstrap on Redis %s with a LockConfigurationError that names the version and the one needed', async (claimed) => {
     const proxy = await olderRedisProxy(redis, claimed);
     try {
-      const failure = await startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }).then(
-        async (app) => {
-          await app.close();
-          return new Error('bootstrap succeeded');
-        },
-        (e: unknown) => e,
-      );
+      const failure = await bootstrapFailure(() => startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }));
       expect(failure).toBeInstanceOf(LockConfigurationError);
       expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${proxy.version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
     } finally {

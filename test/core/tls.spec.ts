@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { LockBackendError } from '../../lib/index.js';
-import { startLockApp, wokenBy } from '../support/lock-testing.js';
+import { bootstrapFailure, startLockApp, wokenBy } from '../support/lock-testing.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
 
@@ -56,7 +56,7 @@ describe('Redis over TLS', () => {
   });
 
   it('takes a rediss:// URL as TLS with the certificate checked: bootstrap fails with LockBackendError on a certificate Node does not trust', async () => {
-    const failure = await startLockApp({ redis: `rediss://127.0.0.1:${tlsPort}`, connectTimeoutMs: 2_000 }).catch((e: unknown) => e);
+    const failure = await bootstrapFailure(() => startLockApp({ redis: `rediss://127.0.0.1:${tlsPort}`, connectTimeoutMs: 2_000 }));
     expect(failure).toBeInstanceOf(LockBackendError);
     expect((failure as Error).message).toMatch(/self-signed certificate/);
   });

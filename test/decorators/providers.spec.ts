@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, lastValueFrom, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
 import { LockBackendError, Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent } from '../../lib/index.js';
-import { CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
+import { bootstrapFailure, CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
@@ -496,16 +496,11 @@ describe('@Locked in a module that cannot inject LockService', () => {
     // LockModule is imported by the root module but not made global, and the feature module does not import it.
     @Module({ providers: [Feature] })
     class FeatureModule {}
-    const failure = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: 'redis://127.0.0.1:1', connectTimeoutMs: 0 }), FeatureModule] })
-      .setLogger(new CapturingLogger())
-      .compile()
-      .then(
-        async (m) => {
-          await m.close();
-          return 'compiled';
-        },
-        (e: unknown) => e,
-      );
+    const failure = await bootstrapFailure(() =>
+      Test.createTestingModule({ imports: [LockModule.forRoot({ redis: 'redis://127.0.0.1:1', connectTimeoutMs: 0 }), FeatureModule] })
+        .setLogger(new CapturingLogger())
+        .compile(),
+    );
     expect(failure).toBeInstanceOf(Error);
     expect((failure as Error).message).toMatch(/can't resolve dependencies of the Feature/);
     expect((failure as Error).message).toMatch(/nestjs-locked:lock-service/);

@@ -307,6 +307,22 @@ export function settled<T>(promise: Promise<T>): Promise<T | typeof PENDING> {
   return Promise.race([promise, Promise.resolve(PENDING)]);
 }
 
+/**
+ * What `start` fails with, for a test of a bootstrap that must fail; an Error saying "bootstrap
+ * succeeded" if it does not. Whatever starts by mistake is closed first, so that a regression fails
+ * the test instead of leaving a client reconnecting (and Jest waiting on it).
+ */
+export async function bootstrapFailure(start: () => Promise<{ close(): Promise<unknown> }>): Promise<unknown> {
+  let started: { close(): Promise<unknown> };
+  try {
+    started = await start();
+  } catch (error) {
+    return error;
+  }
+  await started.close();
+  return new Error('bootstrap succeeded');
+}
+
 /** How many listeners each event of `emitter` has (a client the application passed in, say). */
 export function listenerCounts(emitter: EventEmitter): Record<string, number> {
   return Object.fromEntries(emitter.eventNames().map((name) => [String(name), emitter.listenerCount(name)]));
