@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
-import { LockNotAcquiredError, LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
-import { RedisServer, commandCalls, scriptCalls, until } from '../support/redis-server.js';
-import { aborted, asleep, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, within, type LockApp } from '../support/lock-testing.js';
+import { LockBackendError, LockNotAcquiredError, LockQuorumError, type LockLostError, type RedlockVote } from '../../lib/index.js';
+import { RedisServer, commandCalls, scriptCalls, silentPort, until } from '../support/redis-server.js';
+import { aborted, asleep, bootstrapFailure, elsewhere, lockEachWay, nextEvent, nextEvents, stallAfterSending, startLockApp, within, type LockApp } from '../support/lock-testing.js';
 import { FirstReadyWatch } from '../../lib/store/redlock/redlock.store.js';
 import type { ReleaseWatch } from '../../lib/store/lock-store.js';
 import { RELEASE } from '../../lib/store/redis/lock.scripts.js';
@@ -137,6 +137,45 @@ describe('Redlock over 3 independent servers', () => {
       }
     } finally {
       await patient.close();
+    }
+  });
+
+  it('starts with one node of 3 down, locks on the other two, and takes that node in once it is up', async () => {
+    await nodes[2]!.kill(); // its connections are refused
+    let started: LockApp | undefined;
+    try {
+      // Ready on a quorum: waiting for every node would fail after connectTimeoutMs.
+      started = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, connectTimeoutMs: 2_000 });
+      const lock = await started.locks.acquire('rl:start-down');
+      expect(await holders('rl:start-down')).toEqual([lock.owner, lock.owner]);
+      await lock.release();
+      await nodes[2]!.launch();
+      const again = await started.locks.acquire('rl:start-down');
+      await until(async () => (await holders('rl:start-down')).length === 3, 10_000, 'the node that came up never got the lock');
+      await again.release();
+      await until(async () => (await holders('rl:start-down')).length === 0, 5_000, 'the release never reached every node');
+    } finally {
+      if (!nodes[2]!.running) await nodes[2]!.launch();
+      await started?.close();
+    }
+  });
+
+  it("fails bootstrap at once, naming each node's ended connection, when every node's connection ends for good (retryStrategy gave up)", async () => {
+    const silent = await Promise.all([0, 1, 2].map(() => silentPort()));
+    try {
+      const booting = bootstrapFailure(() =>
+        startLockApp({ redlock: { clients: silent.map(({ port }) => ({ host: '127.0.0.1', port, retryStrategy: () => null })) }, connectTimeoutMs: 30_000 }),
+      );
+      await until(async () => silent.every((s) => s.connections === 1), 5_000, 'never connected to every node');
+      for (const s of silent) await s.close(); // the servers go away; the clients give up
+      // Well before the 30 s connectTimeoutMs: the store fails once no quorum can be left.
+      const failure = await within(booting, 5_000);
+      expect(failure).toBeInstanceOf(LockBackendError);
+      const message = (failure as Error).message;
+      expect(message).toMatch(/Redlock bootstrap of "" needs 2 of 3 nodes; 0 answered/);
+      for (const { port } of silent) expect(message).toContain(`the connection to redis 127.0.0.1:${port} ended`);
+    } finally {
+      for (const s of silent) await s.close();
     }
   });
 
@@ -438,14 +477,20 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
-  it('waits for a node\'s answer to an acquisition at most half of stepTimeoutMs (a tenth of the 30 s lease would be 500 ms)', async () => {
-    const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs: 100 });
+  // A node's bound on an acquisition: a tenth of the lease, from 50 to 500 ms, and at most half of stepTimeoutMs.
+  it.each([
+    ['at most half of stepTimeoutMs (a tenth of the 30 s lease would be 3 000 ms)', 100, 30_000, 50],
+    ['for a tenth of the lease', 5_000, 2_000, 200],
+    ['at most 500 ms (a tenth of the 30 s lease would be 3 000 ms, half of stepTimeoutMs 2 500)', 5_000, 30_000, 500],
+    ['at least 50 ms (a tenth of the lease would be 20 ms)', 1_000, 200, 50],
+  ])("waits for a node's answer to an acquisition %s", async (_name, stepTimeoutMs, leaseMs, bound) => {
+    const brief = await startLockApp({ redlock: { clients: nodes.map((n) => n.url) }, stepTimeoutMs, leaseMs });
     try {
       nodes[1]!.pause();
       nodes[2]!.pause();
       const failure = await brief.locks.acquire('rl:brief-attempt', { waitMs: 0 }).catch((e: unknown) => e).finally(() => nodes.forEach((n) => n.resume()));
       expect(failure).toBeInstanceOf(LockQuorumError);
-      expect((failure as LockQuorumError).votes.map((v) => v.error)).toEqual([undefined, 'no answer within 50 ms', 'no answer within 50 ms']);
+      expect((failure as LockQuorumError).votes.map((v) => v.error)).toEqual([undefined, `no answer within ${bound} ms`, `no answer within ${bound} ms`]);
       // The first node's grant, and the late ones, are given back.
       await until(async () => (await holders('rl:brief-attempt')).length === 0, 5_000, 'a grant stayed behind');
     } finally {
@@ -614,6 +659,39 @@ describe('Redlock over 3 independent servers', () => {
     await until(async () => (await holders('rl:forgot-one')).length === 0, 5_000, 'a hold stayed behind');
   });
 
+  it('reports the largest hold count of the nodes that answered: a node that counts one hold fewer does not lower it', async () => {
+    const key = 'rl:hold-count';
+    const outer = await app.locks.acquire(key);
+    const inner = await outer.run(() => app.locks.acquire(key));
+    await until(async () => JSON.stringify(await counts(key)) === JSON.stringify([['2'], ['2'], ['2']]), 5_000, 'the inner hold on every node');
+    await nodes[0]!.client().hset(`lock:{${key}}`, outer.owner, '1');
+    nodes[2]!.pause(); // the answer is the first two nodes': 1 and 2
+    try {
+      expect(await outer.run(() => app.locks.holdCount(key))).toBe(2);
+    } finally {
+      nodes[2]!.resume();
+    }
+    await inner.release();
+    await outer.release();
+    await until(async () => (await holders(key)).length === 0, 5_000, 'a hold stayed behind');
+  });
+
+  it('reports a lock that every node forgot as lost at its release (taken), not released', async () => {
+    const key = 'rl:forgotten-by-all';
+    const lock = await app.locks.acquire(key, { leaseMs: 10_000 });
+    await until(async () => (await holders(key)).length === 3, 5_000, 'the lock never reached every node');
+    for (const node of nodes) await node.client().del(`lock:{${key}}`);
+    const seen: string[] = [];
+    const subscription = app.locks.events$.subscribe((e) => e.key === key && seen.push(e.type));
+    try {
+      await lock.release();
+    } finally {
+      subscription.unsubscribe();
+    }
+    expect(seen).toEqual(['lost']);
+    expect((lock.signal.reason as LockLostError).reason).toBe('taken');
+  });
+
   it('does not let a second owner in when one node restarts empty mid-hold, while the quorum still holds', async () => {
     const lock = await app.locks.acquire('rl:restart');
     // The acquisition returns on the first two nodes; a node whose connection is still coming back
@@ -658,6 +736,8 @@ describe('Redlock over 3 independent servers', () => {
     await nodes[1]!.client().del('lock:{rl:forgotten}');
     await new Promise<void>((resolve) => lock.signal.addEventListener('abort', () => resolve(), { once: true }));
     expect(lock.isHeld).toBe(false);
+    // Lost at the renewal the majority refused, not later when its lease ran out locally.
+    expect((lock.signal.reason as LockLostError).reason).toBe('taken');
     const next = await elsewhere(() => app.locks.acquire('rl:forgotten', { waitMs: 0 }));
     await next.release();
   });
