@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { LockReplicationError, type LockHandle } from '../../lib/index.js';
+import { Redis } from 'ioredis';
+import { LockBackendError, LockReplicationError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, commandCalls, replicaAcknowledges, tcpProxy, until } from '../support/redis-server.js';
-import { asleep, elsewhere, nextEvent, startLockApp, waitRegistered } from '../support/lock-testing.js';
+import { asleep, elsewhere, nextEvent, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
 
 /**
  * Replica confirmation (`replication`: Redis WAIT after acquire, renew and release) on real servers:
@@ -238,6 +239,31 @@ describe('replica confirmation (WAIT)', () => {
       watching.unsubscribe();
       await app.close();
       await proxy.close();
+    }
+  });
+
+  it('keeps replica confirmation on after a WAIT that fails for another reason than a refusal (its connection ended)', async () => {
+    // No replica: the WAIT blocks for its 5 s. The connection ends meanwhile, for good (no retries).
+    const client = new Redis(lonely.port, '127.0.0.1', { retryStrategy: () => null });
+    client.on('error', () => undefined);
+    const app = await startLockApp({ redis: client, replication: { replicas: 1, timeoutMs: 5_000 } });
+    try {
+      const raw = lonely.client();
+      const failure = app.locks.acquire('r:wait-ended', { waitMs: 0 }).then(
+        async (lock) => {
+          await lock.release().catch(() => undefined);
+          return new Error('acquired without confirmation');
+        },
+        (e: unknown) => e,
+      );
+      // Granted in Redis, and the WAIT behind it blocked: then the connection is cut.
+      await until(async () => (await raw.exists('lock:{r:wait-ended}')) === 1 && (await raw.call('CLIENT', 'LIST', 'TYPE', 'normal') as string).includes('cmd=wait'), 5_000, 'the WAIT never blocked');
+      await raw.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      expect(await within(failure, 3_000)).toBeInstanceOf(LockBackendError);
+      expect(app.logger.at('warn').filter((m) => m.includes('refused WAIT'))).toEqual([]);
+    } finally {
+      await app.close();
+      client.disconnect();
     }
   });
 
