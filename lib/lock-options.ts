@@ -187,7 +187,8 @@ export interface LockOptions {
   /**
    * An explicit owner token instead of the current execution context. Two calls with the same
    * token, in one process or several, are the same owner and re-enter each other's lock. Use it to
-   * hand a lock from one process to another.
+   * hand a lock from one process to another. At most 256 characters, not starting with `:` nor
+   * ending with `:read` (nestjs-locked's own hash fields); refused with `LockConfigurationError`.
    */
   owner?: string;
   /** Stop waiting when this signal aborts; the acquisition then rejects with the signal's reason. */
@@ -570,10 +571,12 @@ function keyPrefixOption(value: unknown): string {
 
 function ownerOption(value: unknown, where: string): string | undefined {
   if (value === undefined) return undefined;
-  if (typeof value !== 'string' || value.length === 0 || value.length > MAX_OWNER_LENGTH || value.startsWith(':')) {
+  // Redis keeps an owner's read holds in hash field `owner:read`, and fields starting with ":" for
+  // the lock itself: an owner "job:read" would share its field with owner "job"'s read holds.
+  if (typeof value !== 'string' || value.length === 0 || value.length > MAX_OWNER_LENGTH || value.startsWith(':') || value.endsWith(':read')) {
     throw new LockConfigurationError(
       'owner',
-      `${where}: owner must be a non-empty string of at most ${MAX_OWNER_LENGTH} characters, not starting with ":" (reserved); got ${describe(value)}.`,
+      `${where}: owner must be a non-empty string of at most ${MAX_OWNER_LENGTH} characters, not starting with ":" nor ending with ":read" (both reserved for nestjs-locked's own hash fields); got ${describe(value)}.`,
     );
   }
   return value;

@@ -132,6 +132,7 @@ const cases: Case[] = [
   { entry: 'acquire(key, options)', input: 'unknown option', outcome: LockConfigurationError, says: /unknown option "timeout"/, run: ({ locks }) => locks.acquire('k', { timeout: 5 } as never) },
   { entry: 'acquire(key, { owner })', input: 'owner longer than 256 characters', outcome: LockConfigurationError, says: /owner must be a non-empty string of at most 256 characters/, run: ({ locks }) => locks.acquire('k', { owner: 'o'.repeat(257) }) },
   { entry: 'acquire(key, { owner })', input: 'owner starting with ":"', outcome: LockConfigurationError, says: /not starting with ":"/, run: ({ locks }) => locks.acquire('k', { owner: ':mode' }) },
+  { entry: 'acquire(key, { owner })', input: 'owner ending with ":read"', outcome: LockConfigurationError, says: /nor ending with ":read"/, run: ({ locks }) => locks.acquire('k', { owner: 'job:read', mode: 'write' }) },
   { entry: 'acquire(key, { mode, fair })', input: 'fair read lock', outcome: LockConfigurationError, says: /fair mode is for exclusive locks/, run: ({ locks }) => locks.acquire('k', { mode: 'read', fair: true }) },
   { entry: 'tryAcquire(key, { waitMs })', input: 'waitMs given', outcome: LockConfigurationError, says: /never waits/, run: ({ locks }) => locks.tryAcquire('k', { waitMs: 5 } as never) },
   // templates and arguments
