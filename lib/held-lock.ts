@@ -85,5 +85,8 @@ export class HeldLock {
   }
 }
 
-/** The map key of a held lock: one record per (owner, key, mode). */
-export const heldLockId = (owner: string, key: string, mode: LockMode = 'exclusive'): string => `${owner}\u0000${key}\u0000${mode}`;
+/**
+ * The map key of a held lock: one record per (owner, key, mode). Owners and keys may contain any
+ * character, so the owner's length goes in too: no two pairs join to the same string.
+ */
+export const heldLockId = (owner: string, key: string, mode: LockMode = 'exclusive'): string => `${mode} ${owner.length} ${owner}${key}`;

@@ -195,6 +195,30 @@ describe('owners and reentrancy', () => {
     expect(await app.locks.isLocked(key)).toBe(false);
   });
 
+  // Owners and keys may hold any character: no (owner, key) pair may be taken for another.
+  it.each([
+    ['the same letters split differently', ['night', 'shift'], ['nights', 'hift']],
+    ['a NUL character in one owner and the other key', ['a\u0000b', 'c'], ['a', 'b\u0000c']],
+  ])('keeps apart the locks of two owners whose owner and key join into one string (%s)', async (_, [ownerA, keyA], [ownerB, keyB]) => {
+    const lost: string[] = [];
+    const seen = app.locks.events$.subscribe((e) => e.type === 'lost' && lost.push(e.key));
+    try {
+      const a = await app.locks.acquire(keyA, { owner: ownerA, leaseMs: 60_000 });
+      const b = await app.locks.acquire(keyB, { owner: ownerB, leaseMs: 60_000 });
+      expect([a.isHeld, b.isHeld, a.holdCount, b.holdCount]).toEqual([true, true, 1, 1]);
+      expect(await raw.hgetall(`lock:{${keyA}}`)).toEqual({ [ownerA]: '1' });
+      expect(await raw.hgetall(`lock:{${keyB}}`)).toEqual({ [ownerB]: '1' });
+      await a.release();
+      expect(await raw.exists(`lock:{${keyA}}`)).toBe(0);
+      expect(await raw.hgetall(`lock:{${keyB}}`)).toEqual({ [ownerB]: '1' });
+      await b.release();
+      expect(await raw.exists(`lock:{${keyB}}`)).toBe(0);
+      expect(lost).toEqual([]);
+    } finally {
+      seen.unsubscribe();
+    }
+  });
+
   it('takes a grant of a lock its owner had lost unnoticed as fresh: the old handle is told, and its release leaves the new hold alone', async () => {
     const key = 'token:lost-unnoticed';
     const old = await app.locks.acquire(key, { owner: 'job-9', leaseMs: 60_000 });
