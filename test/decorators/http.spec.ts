@@ -16,6 +16,7 @@ import {
   Res,
   Sse,
   StreamableFile,
+  type CanActivate,
   type ExecutionContext,
   type INestApplication,
   type PipeTransform,
@@ -50,6 +51,15 @@ function WithoutParamTypes(): MethodDecorator {
 }
 
 const holding = new Map<string, { entered: () => void; release: Promise<void> }>();
+
+/** A global guard that notes the handler names Nest shows it, as rate limiters and loggers read them. */
+class HandlerNames implements CanActivate {
+  readonly seen: string[] = [];
+  canActivate(context: ExecutionContext): boolean {
+    this.seen.push(`${context.getClass().name}.${context.getHandler().name}`);
+    return true;
+  }
+}
 /** The bodies of `download`, which the test ends. */
 const downloads = new Map<string, PassThrough>();
 
@@ -180,6 +190,7 @@ for (const platform of ['express', 'fastify'] as const) {
     let url: string;
     let locks: LockService;
     const logger = new CapturingLogger();
+    const handlerNames = new HandlerNames();
     beforeAll(async () => {
       redis = await RedisServer.start();
       @Module({ imports: [LockModule.forRoot({ redis: redis.url, isGlobal: true, waitMs: 300 }), ItemsModule] })
@@ -188,6 +199,7 @@ for (const platform of ['express', 'fastify'] as const) {
         platform === 'express'
           ? await NestFactory.create(AppModule, { logger })
           : await NestFactory.create(AppModule, new FastifyAdapter(), { logger });
+      app.useGlobalGuards(handlerNames);
       url = await listening(app);
       locks = app.get(LockService);
     });
@@ -199,6 +211,14 @@ for (const platform of ['express', 'fastify'] as const) {
     it('registers routes whichever side of the route decorator @Locked sits', async () => {
       expect((await fetch(`${url}/items/7`)).status).toBe(200);
       expect((await fetch(`${url}/items/transfer`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"source":"a","target":"b"}' })).status).toBe(201);
+    });
+
+    it("shows guards and interceptors the method's own name as the handler's, whichever side of the route decorator @Locked sits", async () => {
+      // Rate limiters (@nestjs/throttler's keys) and loggers name a route by context.getHandler().name.
+      handlerNames.seen.length = 0;
+      expect((await fetch(`${url}/items/8`)).status).toBe(200);
+      expect((await fetch(`${url}/items/all/above`)).status).toBe(200);
+      expect(handlerNames.seen).toEqual(['ItemsController.get', 'ItemsController.listAbove']);
     });
 
     it('builds the key from the arguments after pipes (ParseIntPipe) and re-enters in nested locked calls', async () => {
