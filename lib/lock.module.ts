@@ -1,7 +1,7 @@
 import { Module, type DynamicModule, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency, type Provider, type Type } from '@nestjs/common';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
-import type { LockModuleOptions } from './lock-options.js';
+import { describe, type LockModuleOptions } from './lock-options.js';
 import { LockService } from './lock.service.js';
 
 /** Makes the module global: `LockService` is injectable everywhere without importing `LockModule` again. */
@@ -39,21 +39,31 @@ export interface LockModuleAsyncOptions extends LockModuleGlobal, Pick<ModuleMet
  *   useFactory: (config: ConfigService) => ({ redis: config.getOrThrow('REDIS_URL') }),
  * })
  */
+/** The ways of `forRootAsync()` to build the options, of which exactly one is given. */
+const WAYS = ['useFactory', 'useClass', 'useExisting'] as const;
+
 @Module({})
 export class LockModule {
   /** Options known now. They are validated at bootstrap (a bad option fails start-up with `LockConfigurationError`). */
   static forRoot(options: LockModuleOptions & LockModuleGlobal = {}): DynamicModule {
     const { isGlobal, ...lockOptions } = options ?? {};
-    return LockModule.build(isGlobal, [{ provide: LOCK_MODULE_OPTIONS, useValue: lockOptions }], []);
+    return LockModule.build('LockModule.forRoot()', isGlobal, [{ provide: LOCK_MODULE_OPTIONS, useValue: lockOptions }], []);
   }
 
   /** Options computed at bootstrap from other providers (configuration, secrets). */
   static forRootAsync(options: LockModuleAsyncOptions): DynamicModule {
-    const ways = [options?.useFactory, options?.useClass, options?.useExisting].filter((w) => w !== undefined);
+    const ways = WAYS.filter((way) => options?.[way] !== undefined);
     if (ways.length !== 1) {
       throw new LockConfigurationError(
         'forRootAsync',
         `LockModule.forRootAsync() needs exactly one of useFactory, useClass or useExisting; got ${ways.length}.`,
+      );
+    }
+    const way = ways[0]!;
+    if (typeof options[way] !== 'function') {
+      throw new LockConfigurationError(
+        'forRootAsync',
+        `LockModule.forRootAsync(): ${way} must be ${way === 'useFactory' ? 'a function that returns the options' : 'a class that implements LockOptionsFactory'}; got ${describe(options[way])}.`,
       );
     }
     const providers: Provider[] = [...(options.extraProviders ?? [])];
@@ -68,10 +78,14 @@ export class LockModule {
         inject: [factoryClass],
       });
     }
-    return LockModule.build(options.isGlobal, providers, options.imports ?? []);
+    return LockModule.build('LockModule.forRootAsync()', options.isGlobal, providers, options.imports ?? []);
   }
 
-  private static build(isGlobal: boolean | undefined, providers: Provider[], imports: ModuleMetadata['imports'] & {}): DynamicModule {
+  private static build(where: string, isGlobal: unknown, providers: Provider[], imports: ModuleMetadata['imports'] & {}): DynamicModule {
+    // Anything but a boolean (an environment variable's "false", say) would be read one way or the other by accident.
+    if (isGlobal !== undefined && typeof isGlobal !== 'boolean') {
+      throw new LockConfigurationError('isGlobal', `${where}: isGlobal must be true or false; got ${describe(isGlobal)}.`);
+    }
     return {
       module: LockModule,
       global: isGlobal === true,

@@ -150,6 +150,11 @@ const cases: Case[] = [
   { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds', outcome: LockConfigurationError, says: /a pipe changed it. A global or controller-wide pipe must return the value of a 'custom' parameter it does not know unchanged/, run: ({ redis }) => replacedCallSite(redis) },
   { entry: '@Locked handler', input: 'a pipe replaced the parameter @Locked adds with null', outcome: LockConfigurationError, says: /index 1, .* reached the method as null, not as the LockCallSite Nest filled in: a pipe changed it/, run: ({ redis }) => replacedCallSite(redis, null) },
   // module options and clients
+  // Refused when the module is declared (forRoot() throws), before any bootstrap.
+  { entry: 'LockModule.forRoot', input: 'isGlobal "false" (a string)', outcome: LockConfigurationError, says: /LockModule.forRoot\(\): isGlobal must be true or false; got "false"/, run: async () => LockModule.forRoot({ isGlobal: 'false' as never }) },
+  { entry: 'LockModule.forRootAsync', input: 'isGlobal 1', outcome: LockConfigurationError, says: /LockModule.forRootAsync\(\): isGlobal must be true or false; got 1/, run: async () => LockModule.forRootAsync({ useFactory: () => ({}), isGlobal: 1 as never }) },
+  { entry: 'LockModule.forRootAsync', input: 'useFactory null', outcome: LockConfigurationError, says: /useFactory must be a function that returns the options; got null/, run: async () => LockModule.forRootAsync({ useFactory: null as never }) },
+  { entry: 'LockModule.forRootAsync', input: 'useClass: an instance instead of the class', outcome: LockConfigurationError, says: /useClass must be a class that implements LockOptionsFactory; got an object \(Object\)/, run: async () => LockModule.forRootAsync({ useClass: { createLockOptions: () => ({}) } as never }) },
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option, a letter missing', outcome: LockConfigurationError, says: /unknown option "leasMs" \(did you mean "leaseMs"\?\)/, run: () => boot({ leasMs: 5_000 }) },
