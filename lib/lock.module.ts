@@ -46,6 +46,10 @@ const WAYS = ['useFactory', 'useClass', 'useExisting'] as const;
 export class LockModule {
   /** Options known now. They are validated at bootstrap (a bad option fails start-up with `LockConfigurationError`). */
   static forRoot(options: LockModuleOptions & LockModuleGlobal = {}): DynamicModule {
+    // Spread below, an array or a string would lose what makes it wrong: refused here instead.
+    if (options !== null && (typeof options !== 'object' || Array.isArray(options))) {
+      throw new LockConfigurationError('options', `LockModule.forRoot() takes an options object; got ${describe(options)}.`);
+    }
     const { isGlobal, ...lockOptions } = options ?? {};
     return LockModule.build('LockModule.forRoot()', isGlobal, [{ provide: LOCK_MODULE_OPTIONS, useValue: lockOptions }], []);
   }

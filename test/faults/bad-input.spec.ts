@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Get, Injectable, Param } from '@nestjs/common';
+import { Controller, Get, Injectable, Param, type DynamicModule } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Cluster, type Redis } from 'ioredis';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -42,8 +42,9 @@ interface Ctx {
 }
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const boot = async (options: unknown) => {
-  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot(options as LockModuleOptions)] })
+const boot = (options: unknown) => bootModule(LockModule.forRoot(options as LockModuleOptions));
+const bootModule = async (module: DynamicModule) => {
+  const moduleRef = await Test.createTestingModule({ imports: [module] })
     .setLogger(new CapturingLogger())
     .compile();
   try {
@@ -133,11 +134,14 @@ const cases: Case[] = [
   { entry: 'acquire(key, { owner })', input: 'owner longer than 256 characters', outcome: LockConfigurationError, says: /owner must be a non-empty string of at most 256 characters/, run: ({ locks }) => locks.acquire('k', { owner: 'o'.repeat(257) }) },
   { entry: 'acquire(key, { owner })', input: 'owner starting with ":"', outcome: LockConfigurationError, says: /not starting with ":"/, run: ({ locks }) => locks.acquire('k', { owner: ':mode' }) },
   { entry: 'acquire(key, { owner })', input: 'owner ending with ":read"', outcome: LockConfigurationError, says: /nor ending with ":read"/, run: ({ locks }) => locks.acquire('k', { owner: 'job:read', mode: 'write' }) },
+  { entry: 'acquire(key, options)', input: 'options: an array', outcome: LockConfigurationError, says: /LockService.acquire\(\) options must be an object; got an array/, run: ({ locks }) => locks.acquire('k', [{ waitMs: 0 }] as never) },
   { entry: 'acquire(key, { mode, fair })', input: 'fair read lock', outcome: LockConfigurationError, says: /fair mode is for exclusive locks/, run: ({ locks }) => locks.acquire('k', { mode: 'read', fair: true }) },
   { entry: 'tryAcquire(key, { waitMs })', input: 'waitMs given', outcome: LockConfigurationError, says: /never waits/, run: ({ locks }) => locks.tryAcquire('k', { waitMs: 5 } as never) },
   // templates and arguments
   { entry: '@Locked(template)', input: 'unclosed "<"', outcome: LockConfigurationError, says: /unclosed "<"/, run: async () => { class C { @Locked('a:<0') async m(x: string) { return x; } } return C; } },
   { entry: '@Locked(template)', input: 'placeholder beyond the parameters', outcome: LockConfigurationError, says: /declares 1 parameter/, run: async () => { class C { @Locked('a:<3>') async m(x: string) { return x; } } return C; } },
+  { entry: '@Locked(template, options)', input: 'options: an array', outcome: LockConfigurationError, says: /options must be an object; got an array/, run: async () => { class C { @Locked('a', [{ waitMs: 0 }] as never) async m() {} } return C; } },
+  { entry: '@Locked(template, options)', input: 'leaseMs 50 (too short to renew)', outcome: LockConfigurationError, says: /leaseMs must be a whole number of milliseconds from 100 .* got 50/, run: async () => { class C { @Locked('a', { leaseMs: 50 }) async m() {} } return C; } },
   { entry: '@Locked(template, options)', input: 'unknown onContention', outcome: LockConfigurationError, says: /'wait', 'fail' or 'skip'/, run: async () => { class C { @Locked('a', { onContention: 'retry' as never }) async m() {} } return C; } },
   { entry: '@Locked(template, options)', input: 'fair not a boolean', outcome: LockConfigurationError, says: /fair must be true or false; got "yes"/, run: async () => { class C { @Locked('a', { fair: 'yes' as never }) async m() {} } return C; } },
   { entry: '@Locked(template, options)', input: 'minHoldMs -1', outcome: LockConfigurationError, says: /minHoldMs must be a whole number of milliseconds from 0 .*; got -1/, run: async () => { class C { @Locked('a', { minHoldMs: -1 }) async m() {} } return C; } },
@@ -155,6 +159,11 @@ const cases: Case[] = [
   { entry: 'LockModule.forRootAsync', input: 'isGlobal 1', outcome: LockConfigurationError, says: /LockModule.forRootAsync\(\): isGlobal must be true or false; got 1/, run: async () => LockModule.forRootAsync({ useFactory: () => ({}), isGlobal: 1 as never }) },
   { entry: 'LockModule.forRootAsync', input: 'useFactory null', outcome: LockConfigurationError, says: /useFactory must be a function that returns the options; got null/, run: async () => LockModule.forRootAsync({ useFactory: null as never }) },
   { entry: 'LockModule.forRootAsync', input: 'useClass: an instance instead of the class', outcome: LockConfigurationError, says: /useClass must be a class that implements LockOptionsFactory; got an object \(Object\)/, run: async () => LockModule.forRootAsync({ useClass: { createLockOptions: () => ({}) } as never }) },
+  { entry: 'LockModule.forRoot', input: 'options: an array', outcome: LockConfigurationError, says: /LockModule.forRoot\(\) takes an options object; got an array/, run: async () => LockModule.forRoot([{ leaseMs: 5_000 }] as never) },
+  { entry: 'LockModule.forRootAsync', input: 'the factory returns an array', outcome: LockConfigurationError, says: /LockModule options must be an object; got an array/, run: () => bootModule(LockModule.forRootAsync({ useFactory: () => [{ leaseMs: 5_000 }] as never })) },
+  { entry: 'LockModule.forRoot', input: 'replication: an array', outcome: LockConfigurationError, says: /replication must be an object like \{ replicas: 1, timeoutMs: 100 \}; got an array/, run: () => boot({ replication: [{ replicas: 1 }] }) },
+  { entry: 'LockModule.forRoot', input: 'replication: { replicas: 1.5 }', outcome: LockConfigurationError, says: /replication.replicas must be a whole number of replicas from 1 to 100; got 1.5/, run: () => boot({ replication: { replicas: 1.5 } }) },
+  { entry: 'LockModule.forRoot', input: 'redlock: the array of clients itself', outcome: LockConfigurationError, says: /redlock must be an object like \{ clients: \[url1, url2, url3\] \}; got an array/, run: () => boot({ redlock: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] }) },
   { entry: 'LockModule.forRoot', input: 'leaseMs -1', outcome: LockConfigurationError, says: /leaseMs must be/, run: () => boot({ leaseMs: -1 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option', outcome: LockConfigurationError, says: /did you mean "waitMs"/, run: () => boot({ waitms: 5 }) },
   { entry: 'LockModule.forRoot', input: 'unknown option, a letter missing', outcome: LockConfigurationError, says: /unknown option "leasMs" \(did you mean "leaseMs"\?\)/, run: () => boot({ leasMs: 5_000 }) },
