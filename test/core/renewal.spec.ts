@@ -55,6 +55,16 @@ describe('renewal and loss', () => {
     expect(app.logger.at('warn').slice(warnings)).toEqual([expect.stringContaining('Lock "deleted:1" was lost')]);
   });
 
+  it('rejects extend() of a lock deleted behind its back with the loss (taken), and aborts its signal with it', async () => {
+    const lock = await app.locks.acquire('deleted:extend', { leaseMs: 60_000 });
+    await redis.client().del('lock:{deleted:extend}');
+    const error = (await lock.extend(30_000).catch((e: unknown) => e)) as LockLostError;
+    expect(error).toBeInstanceOf(LockLostError);
+    expect(error.reason).toBe('taken');
+    expect(lock.signal.reason).toBe(error);
+    expect(lock.isHeld).toBe(false);
+  });
+
   it('aborts when another owner took the key over, and leaves the new owner alone', async () => {
     const raw = redis.client();
     const lock = await app.locks.acquire('taken:1');
