@@ -222,6 +222,22 @@ describe('multi-key locks', () => {
     expect(await held('o:1', 'o:2', 'o:3', 'o:4', 'o:9')).toBe(0);
   });
 
+  it("is not aborted by the later loss of a key whose handle was released on its own before the group's signal was first read", async () => {
+    const outer = await app.locks.acquire('p:1');
+    await outer.run(async () => {
+      const group = await app.locks.acquire(['p:1', 'p:2']);
+      await group.handle('p:1')!.release(); // the group's re-entry only: the outer hold stays
+      const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === 'p:1');
+      await raw.del('lock:{p:1}');
+      await lost;
+      expect(outer.signal.aborted).toBe(true);
+      expect(group.signal.aborted).toBe(false); // its first read: it follows p:2 only
+      expect(group.handle('p:2')!.isHeld).toBe(true);
+      await group.release();
+    });
+    expect(await held('p:1', 'p:2')).toBe(0);
+  });
+
   it("extend() sets every key's remaining lease, and the watchdog then renews each key with that lease", async () => {
     const fixed = await app.locks.acquire(['x:1', 'x:2'], { leaseMs: 1_000 });
     await fixed.extend(20_000);
