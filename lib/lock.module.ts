@@ -24,6 +24,9 @@ export interface LockModuleAsyncOptions extends LockModuleGlobal, Pick<ModuleMet
   extraProviders?: Provider[];
 }
 
+/** The ways of `forRootAsync()` to build the options, of which exactly one is given. */
+const WAYS = ['useFactory', 'useClass', 'useExisting'] as const;
+
 /**
  * The module: provides and exports `LockService`.
  *
@@ -39,12 +42,13 @@ export interface LockModuleAsyncOptions extends LockModuleGlobal, Pick<ModuleMet
  *   useFactory: (config: ConfigService) => ({ redis: config.getOrThrow('REDIS_URL') }),
  * })
  */
-/** The ways of `forRootAsync()` to build the options, of which exactly one is given. */
-const WAYS = ['useFactory', 'useClass', 'useExisting'] as const;
-
 @Module({})
 export class LockModule {
-  /** Options known now. They are validated at bootstrap (a bad option fails start-up with `LockConfigurationError`). */
+  /**
+   * Options known now. They are validated at bootstrap (a bad option fails start-up with
+   * `LockConfigurationError`); options that are not an object, and an `isGlobal` that is not a
+   * boolean, are refused here, where the module is declared.
+   */
   static forRoot(options: LockModuleOptions & LockModuleGlobal = {}): DynamicModule {
     // Spread below, an array or a string would lose what makes it wrong: refused here instead.
     if (options !== null && (typeof options !== 'object' || Array.isArray(options))) {
