@@ -51,7 +51,11 @@ describe('LockService.health()', () => {
       // More probes than Node's default of 10 listeners per event, which would warn.
       for (let i = 0; i < 12; i++) expect((await probed.locks.health(20)).status).toBe('down');
       const waiting = listenerCounts(own);
-      expect([waiting.ready, waiting.end]).toEqual([(during.ready ?? 0) + 1, (during.end ?? 0) + 1]);
+      // ioredis holds a 'ready' listener of its own while a reconnection attempt is in flight
+      // (status connecting or connect): seen once in CI, on Valkey.
+      const reconnecting = own.status === 'connecting' || own.status === 'connect' ? 1 : 0;
+      expect(waiting.end).toBe((during.end ?? 0) + 1);
+      expect([(during.ready ?? 0) + 1, (during.ready ?? 0) + 1 + reconnecting]).toContain(waiting.ready);
     } finally {
       await redis.launch();
     }
