@@ -588,7 +588,8 @@ function signalOption(value: unknown, where: string): AbortSignal | undefined {
   throw new LockConfigurationError('signal', `${where}: signal must be an AbortSignal; got ${describe(value)}.`);
 }
 
-function bool(value: unknown, name: string, where: string, fallback: boolean): boolean {
+/** A boolean option: `fallback` when left out; anything else than true or false is refused. */
+export function bool(value: unknown, name: string, where: string, fallback: boolean): boolean {
   if (value === undefined) return fallback;
   if (typeof value === 'boolean') return value;
   throw new LockConfigurationError(name, `${where}: ${name} must be true or false; got ${describe(value)}.`);

@@ -1,7 +1,7 @@
 import { Module, type DynamicModule, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency, type Provider, type Type } from '@nestjs/common';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
-import { describe, type LockModuleOptions } from './lock-options.js';
+import { bool, describe, type LockModuleOptions } from './lock-options.js';
 import { LockService } from './lock.service.js';
 
 /** Makes the module global: `LockService` is injectable everywhere without importing `LockModule` again. */
@@ -90,13 +90,10 @@ export class LockModule {
   }
 
   private static build(where: string, isGlobal: unknown, providers: Provider[], imports: ModuleMetadata['imports'] & {}): DynamicModule {
-    // Anything but a boolean (an environment variable's "false", say) would be read one way or the other by accident.
-    if (isGlobal !== undefined && typeof isGlobal !== 'boolean') {
-      throw new LockConfigurationError('isGlobal', `${where}: isGlobal must be true or false; got ${describe(isGlobal)}.`);
-    }
     return {
       module: LockModule,
-      global: isGlobal === true,
+      // Anything but a boolean (an environment variable's "false", say) is refused, not read one way or the other.
+      global: bool(isGlobal, 'isGlobal', where, false),
       imports,
       providers: [...providers, LockService],
       exports: [LockService],
