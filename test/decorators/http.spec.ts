@@ -146,6 +146,22 @@ class ItemsController {
     return { id, key: this.locks.current()?.key };
   }
 
+  // A parameter with a default value after the decorated one: the method's length (1) does not
+  // count it, the parameter types TypeScript recorded do.
+  @Get(':id/page')
+  @Locked('item:<0>')
+  async page(@Param('id') id: string, page = 1) {
+    return { id, page, key: this.locks.current()?.key };
+  }
+
+  // Compiled without decorator metadata, with a parameter no decorator fills: the method's length (2) counts it.
+  @Get(':id/noted')
+  @Locked('item:<0>')
+  @WithoutParamTypes()
+  async noted(@Param('id') id: string, note?: string) {
+    return { id, note: note ?? null, key: this.locks.current()?.key };
+  }
+
   /** Sends its response itself through the platform's response object (@Res(): express res, fastify reply). */
   @Post(':id/raw')
   @Locked('item:<0>')
@@ -230,6 +246,16 @@ for (const platform of ['express', 'fastify'] as const) {
 
     it('passes the call site after every parameter of a handler compiled without decorator metadata', async () => {
       expect(await (await fetch(`${url}/items/5/untyped`)).json()).toEqual({ id: '5', key: 'item:5' });
+    });
+
+    it('passes the call site after every parameter the method declares, decorated or not, so a call of its own with all of them runs locked', async () => {
+      // Unit tests and other providers call controller methods so; one more argument would be taken
+      // for a call site a pipe replaced.
+      expect(await (await fetch(`${url}/items/6/page`)).json()).toEqual({ id: '6', page: 1, key: 'item:6' });
+      expect(await (await fetch(`${url}/items/6/noted`)).json()).toEqual({ id: '6', note: null, key: 'item:6' });
+      const controller = app.get(ItemsController);
+      await expect(controller.page('6', 3)).resolves.toEqual({ id: '6', page: 3, key: 'item:6' });
+      await expect(controller.noted('6', 'n')).resolves.toEqual({ id: '6', note: 'n', key: 'item:6' });
     });
 
     it('builds the key from a transformed DTO through a property path', async () => {
