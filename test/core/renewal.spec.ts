@@ -126,6 +126,27 @@ describe('renewal and loss', () => {
     expect(b.isHeld).toBe(false);
   });
 
+  it("reads a released handle's signal and isHeld past its lease without declaring a loss, and leaves its owner's next hold alone", async () => {
+    const lost: string[] = [];
+    const subscription = app.locks.events$.subscribe((e) => {
+      if (e.type === 'lost') lost.push(e.key);
+    });
+    try {
+      const first = await app.locks.acquire('released:1', { owner: 'rereader', leaseMs: 300 });
+      await first.release();
+      const second = await app.locks.acquire('released:1', { owner: 'rereader', leaseMs: 30_000 });
+      stall(500); // past the first hold's lease
+      expect([first.signal.aborted, first.isHeld]).toEqual([false, false]);
+      expect(lost).toEqual([]);
+      expect(second.isHeld).toBe(true);
+      // A loss declared for the first hold would have taken this owner's holds of the key back.
+      expect(await app.locks.holdCount('released:1', { owner: 'rereader' })).toBe(1);
+      await second.release();
+    } finally {
+      subscription.unsubscribe();
+    }
+  });
+
   it('never hands out a grant whose lease ran out before its reply was read (the event loop was blocked meanwhile)', async () => {
     const events: string[] = [];
     const watching = app.locks.events$.subscribe((e) => events.push(e.type));
