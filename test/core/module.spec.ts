@@ -352,7 +352,7 @@ describe('LockModule', () => {
     expect((failure as Error).message).toMatch(/can't resolve dependencies of the Jobs \(\?\)/);
   });
 
-  it('releases held locks at shutdown and closes the client it created', async () => {
+  it('releases held locks at shutdown, closes the client it created and completes events$ after the last loss', async () => {
     const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: redis.url })] })
       .setLogger(new CapturingLogger())
       .compile();
@@ -360,7 +360,13 @@ describe('LockModule', () => {
     const locks = moduleRef.get(LockService);
     const lock = await locks.acquire('shutdown:1');
     const client = (locks as unknown as { store: { client: Redis } }).store.client;
+    const seen: string[] = [];
+    locks.events$.subscribe({
+      next: (e) => seen.push(e.type === 'lost' ? `lost ${e.key} ${e.reason}` : e.type),
+      complete: () => seen.push('complete'),
+    });
     await moduleRef.close();
+    expect(seen).toEqual(['lost shutdown:1 shutdown', 'complete']);
     expect(lock.signal.aborted).toBe(true);
     expect((lock.signal.reason as LockLostError).reason).toBe('shutdown');
     expect(await redis.client().exists('lock:{shutdown:1}')).toBe(0);
