@@ -55,12 +55,20 @@ describe('renewal and loss', () => {
     expect(app.logger.at('warn').slice(warnings)).toEqual([expect.stringContaining('Lock "deleted:1" was lost')]);
   });
 
-  it('rejects extend() of a lock deleted behind its back with the loss (taken), and aborts its signal with it', async () => {
+  it('rejects extend() of a lock deleted behind its back with the loss (taken), aborts its signal with it, and reports it once', async () => {
     const lock = await app.locks.acquire('deleted:extend', { leaseMs: 60_000 });
     await redis.client().del('lock:{deleted:extend}');
-    const error = (await lock.extend(30_000).catch((e: unknown) => e)) as LockLostError;
+    const lost: string[] = [];
+    const subscription = app.locks.events$.subscribe((e) => {
+      if (e.type === 'lost') lost.push(`${e.key} ${e.reason}`);
+    });
+    // Two at once: both answers say the lock is gone, and the second finds its loss declared already.
+    const [error, again] = (await Promise.all([lock.extend(30_000), lock.extend(30_000)].map((p) => p.catch((e: unknown) => e)))) as LockLostError[];
+    subscription.unsubscribe();
+    expect(lost).toEqual(['deleted:extend taken']);
+    expect(again).toBe(error);
     expect(error).toBeInstanceOf(LockLostError);
-    expect(error.reason).toBe('taken');
+    expect(error!.reason).toBe('taken');
     expect(lock.signal.reason).toBe(error);
     expect(lock.isHeld).toBe(false);
   });
