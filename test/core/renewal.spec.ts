@@ -62,10 +62,12 @@ describe('renewal and loss', () => {
     const subscription = app.locks.events$.subscribe((e) => {
       if (e.type === 'lost') lost.push(`${e.key} ${e.reason}`);
     });
+    const warnings = app.logger.at('warn').length;
     // Two at once: both answers say the lock is gone, and the second finds its loss declared already.
     const [error, again] = (await Promise.all([lock.extend(30_000), lock.extend(30_000)].map((p) => p.catch((e: unknown) => e)))) as LockLostError[];
     subscription.unsubscribe();
     expect(lost).toEqual(['deleted:extend taken']);
+    expect(app.logger.at('warn').slice(warnings).filter((m) => m.includes('deleted:extend'))).toHaveLength(1);
     expect(again).toBe(error);
     expect(error).toBeInstanceOf(LockLostError);
     expect(error!.reason).toBe('taken');
