@@ -50,10 +50,7 @@ export class LockModule {
    * boolean, are refused here, where the module is declared.
    */
   static forRoot(options: LockModuleOptions & LockModuleGlobal = {}): DynamicModule {
-    // Spread below, an array or a string would lose what makes it wrong: refused here instead.
-    if (options !== null && (typeof options !== 'object' || Array.isArray(options))) {
-      throw new LockConfigurationError('options', `LockModule.forRoot() takes an options object; got ${describe(options)}.`);
-    }
+    assertOptionsObject(options, 'LockModule.forRoot()');
     const { isGlobal, ...lockOptions } = options ?? {};
     return LockModule.build('LockModule.forRoot()', isGlobal, [{ provide: LOCK_MODULE_OPTIONS, useValue: lockOptions }], []);
   }
@@ -98,5 +95,16 @@ export class LockModule {
       providers: [...providers, LockService],
       exports: [LockService],
     };
+  }
+}
+
+/**
+ * @internal Refuses options that are not an object, where the module is declared: spread into the
+ * module's options, an array or a string would lose what makes it wrong (`[]` would start with every
+ * default, `[{ leaseMs }]` fail at bootstrap with `unknown option "0"`). `null` reads as no options.
+ */
+export function assertOptionsObject(options: unknown, where: string): void {
+  if (options !== null && (typeof options !== 'object' || Array.isArray(options))) {
+    throw new LockConfigurationError('options', `${where} takes an options object; got ${describe(options)}.`);
   }
 }

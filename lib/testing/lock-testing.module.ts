@@ -1,5 +1,5 @@
 import { Module, type DynamicModule } from '@nestjs/common';
-import { LockModule, type LockModuleGlobal } from '../lock.module.js';
+import { assertOptionsObject, LockModule, type LockModuleGlobal } from '../lock.module.js';
 import type { LockModuleOptions } from '../lock-options.js';
 
 /**
@@ -17,6 +17,7 @@ import type { LockModuleOptions } from '../lock-options.js';
 @Module({})
 export class LockTestingModule {
   static forRoot(options: Omit<LockModuleOptions, 'store' | 'redis'> & LockModuleGlobal = {}): DynamicModule {
+    assertOptionsObject(options, 'LockTestingModule.forRoot()');
     return LockModule.forRoot({ ...options, store: 'memory' });
   }
 }
