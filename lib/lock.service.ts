@@ -359,9 +359,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * A health snapshot for readiness probes: whether the store answers within `timeoutMs` and has
    * its scripts loaded (they are loaded again if Redis forgot them), how many locks this service
    * holds, and how late its most overdue renewal is (renewal is keeping up while that stays well
-   * below a third of the lease). Never throws. See the README for a `@nestjs/terminus` indicator.
+   * below a third of the lease). Never throws for the store's sake: only a `timeoutMs` that is not a
+   * whole number of ms from 0 to `MAX_DURATION_MS` (or `Infinity`) is refused, with a
+   * `LockConfigurationError`. See the README for a `@nestjs/terminus` indicator.
    */
   async health(timeoutMs = 1_000): Promise<LockHealth> {
+    // A string from the environment, NaN or more than a timer holds would wait for ever or not at all.
+    duration(timeoutMs, 'timeoutMs', 'LockService.health()', { min: 0, fallback: 1_000, infinity: true });
     const base = { store: this.store.description, heldLocks: this.held.size, renewalOverdueMs: Math.round(this.watchdog.overdueMs()) };
     if (this.closing) return { status: 'down', ...base, error: 'the lock module has shut down' };
     try {

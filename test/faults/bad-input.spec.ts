@@ -210,6 +210,10 @@ const cases: Case[] = [
   { entry: 'handle.extend(ms)', input: 'extend after release', outcome: LockError, says: /already released; acquire the lock again/, run: async ({ locks }) => (await released(locks, 'released-extend')).extend(1_000) },
   { entry: 'handle.extend(ms)', input: 'extend(10)', outcome: LockConfigurationError, says: /got 10/, run: async ({ locks }) => { const h = await locks.acquire('short-extend'); try { return await h.extend(10); } finally { await h.release(); } } },
   { entry: 'forceUnlock(key)', input: 'missing key', outcome: 'no-op', run: ({ locks }) => locks.forceUnlock('never-held') },
+  // health probes: a timeout read from the environment without Number(), or one no timer holds
+  { entry: 'health(timeoutMs)', input: 'timeoutMs "500" (a string)', outcome: LockConfigurationError, says: /LockService.health\(\): timeoutMs must be a whole number of milliseconds from 0 to 2147483647 \(or Infinity to wait for ever\); got "500"/, run: ({ locks }) => locks.health('500' as never) },
+  { entry: 'health(timeoutMs)', input: 'timeoutMs NaN', outcome: LockConfigurationError, says: /timeoutMs must be .*; got NaN/, run: ({ locks }) => locks.health(Number.NaN) },
+  { entry: 'health(timeoutMs)', input: 'timeoutMs 3000000000 (more than a timer holds)', outcome: LockConfigurationError, says: /timeoutMs must be .*; got 3000000000/, run: ({ locks }) => locks.health(3_000_000_000) },
 ];
 
 const table = () =>
