@@ -447,6 +447,24 @@ function httpStatusOption(value: unknown, where: string): 409 | 423 {
 }
 
 /** Validates one call's options against the module's defaults. Throws `LockConfigurationError`. */
+/**
+ * The options of `readLock()` / `writeLock()` with `mode` set to their side. Anything but an object
+ * is returned as it is, for resolveLockOptions to refuse (spread, an array or a string would lose
+ * what makes it wrong); a `mode` of another side is refused here, not overridden.
+ */
+export function sided(options: unknown, mode: 'read' | 'write', where: string): unknown {
+  if (options === undefined) return { mode };
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) return options;
+  const given = (options as { mode?: unknown }).mode;
+  if (given !== undefined && given !== mode) {
+    throw new LockConfigurationError(
+      'mode',
+      `${where} takes the ${mode} side of the lock; got mode ${describe(given)}. Leave mode out, or call acquire(key, { mode }).`,
+    );
+  }
+  return { ...options, mode };
+}
+
 export function resolveLockOptions(
   options: LockOptions | undefined,
   defaults: ResolvedModuleOptions,

@@ -23,6 +23,7 @@ import { LockHandle } from './lock-handle.js';
 import { assertLockKey, canonicalKeys } from './lock-key.js';
 import {
   duration,
+  sided,
   isRedisClient,
   MIN_LEASE_MS,
   resolveLockOptions,
@@ -204,11 +205,15 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   async acquire(keys: readonly string[], options?: LockOptions): Promise<LockGroup>;
   acquire(key: string | readonly string[], options?: LockOptions): Promise<LockHandle | LockGroup> {
+    return this.acquireAs(key, options, 'LockService.acquire()');
+  }
+
+  /** `acquire()`, as `where` names it; `mode`: readLock() or writeLock(), whose side the options must not contradict. */
+  private acquireAs(key: unknown, options: unknown, where: string, mode?: 'read' | 'write'): Promise<LockHandle | LockGroup> {
     // Not an async function: the promise of take() is returned as it is, without another layer
     // (this runs on every acquisition); bad input still rejects rather than throws.
     try {
-      const where = 'LockService.acquire()';
-      const o = resolveLockOptions(options, this.options, where);
+      const o = resolveLockOptions((mode ? sided(options, mode, where) : options) as LockOptions | undefined, this.options, where);
       if (typeof key !== 'string' && Array.isArray(key)) return this.takeGroup(canonicalKeys(key, where), o, this.contextFor(o), where);
       assertLockKey(key, where);
       return this.take(key as string, o, this.contextFor(o));
@@ -308,7 +313,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * const lock = await locks.readLock(`doc:${id}`);
    */
   readLock(key: string, options?: Omit<LockOptions, 'mode'>): Promise<LockHandle> {
-    return this.acquire(key, { ...options, mode: 'read' });
+    return this.acquireAs(key, options, 'LockService.readLock()', 'read') as Promise<LockHandle>;
   }
 
   /**
@@ -316,7 +321,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * take the read side (downgrade). Same as `acquire(key, { ...options, mode: 'write' })`.
    */
   writeLock(key: string, options?: Omit<LockOptions, 'mode'>): Promise<LockHandle> {
-    return this.acquire(key, { ...options, mode: 'write' });
+    return this.acquireAs(key, options, 'LockService.writeLock()', 'write') as Promise<LockHandle>;
   }
 
   /** The remaining lease of `key` in ms, `null` when it is not locked, `Infinity` when it has no expiry (not set by us). */
