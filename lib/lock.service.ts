@@ -307,7 +307,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /**
    * The read side of the read-write lock `key`: many readers at once, no writer meanwhile.
-   * Same as `acquire(key, { ...options, mode: 'read' })`.
+   * Same as `acquire(key, { ...options, mode: 'read' })`; a `mode` of another side in `options` is refused.
    *
    * @example
    * const lock = await locks.readLock(`doc:${id}`);
@@ -318,7 +318,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /**
    * The write side of the read-write lock `key`: one writer, no reader meanwhile; a writer may also
-   * take the read side (downgrade). Same as `acquire(key, { ...options, mode: 'write' })`.
+   * take the read side (downgrade). Same as `acquire(key, { ...options, mode: 'write' })`; a `mode`
+   * of another side in `options` is refused.
    */
   writeLock(key: string, options?: Omit<LockOptions, 'mode'>): Promise<LockHandle> {
     return this.acquireAs(key, options, 'LockService.writeLock()', 'write') as Promise<LockHandle>;
