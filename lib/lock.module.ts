@@ -27,6 +27,13 @@ export interface LockModuleAsyncOptions extends LockModuleGlobal, Pick<ModuleMet
 /** The ways of `forRootAsync()` to build the options, of which exactly one is given. */
 const WAYS = ['useFactory', 'useClass', 'useExisting'] as const;
 
+/** The lists `forRootAsync()` takes, each with what it holds. */
+const LISTS = [
+  ['imports', 'of the modules the options need'],
+  ['inject', 'of the providers useFactory takes, in its parameters\' order'],
+  ['extraProviders', 'of providers'],
+] as const;
+
 /**
  * The module: provides and exports `LockService`.
  *
@@ -70,6 +77,12 @@ export class LockModule {
         'forRootAsync',
         `LockModule.forRootAsync(): ${way} must be ${way === 'useFactory' ? 'a function that returns the options' : 'a class that implements LockOptionsFactory'}; got ${describe(options[way])}.`,
       );
+    }
+    // Nest reads a single class given as inject as no injection at all (the factory gets undefined).
+    for (const [list, what] of LISTS) {
+      if (options[list] !== undefined && !Array.isArray(options[list])) {
+        throw new LockConfigurationError('forRootAsync', `LockModule.forRootAsync(): ${list} must be an array ${what}; got ${describe(options[list])}.`);
+      }
     }
     const providers: Provider[] = [...(options.extraProviders ?? [])];
     if (options.useFactory) {
