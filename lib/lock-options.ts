@@ -446,7 +446,6 @@ function httpStatusOption(value: unknown, where: string): 409 | 423 {
   );
 }
 
-/** Validates one call's options against the module's defaults. Throws `LockConfigurationError`. */
 /**
  * The options of `readLock()` / `writeLock()` with `mode` set to their side. Anything but an object
  * is returned as it is, for resolveLockOptions to refuse (spread, an array or a string would lose
@@ -465,6 +464,7 @@ export function sided(options: unknown, mode: 'read' | 'write', where: string): 
   return { ...options, mode };
 }
 
+/** Validates one call's options against the module's defaults. Throws `LockConfigurationError`. */
 export function resolveLockOptions(
   options: LockOptions | undefined,
   defaults: ResolvedModuleOptions,

@@ -23,11 +23,11 @@ import { LockHandle } from './lock-handle.js';
 import { assertLockKey, canonicalKeys } from './lock-key.js';
 import {
   duration,
-  sided,
   isRedisClient,
   MIN_LEASE_MS,
   resolveLockOptions,
   resolveModuleOptions,
+  sided,
   type LockModuleOptions,
   type LockOptions,
   type ResolvedLockOptions,
