@@ -271,14 +271,19 @@ const LOCK_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'owner', 'signal', '
 const MAX_OWNER_LENGTH = 256;
 const MAX_PREFIX_LENGTH = 256;
 
+/** Whether `value` can be read as an options object: an object that is neither null nor an array. */
+export function isOptionsObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
 /** Validates `LockModule.forRoot()` options and fills in defaults. Throws `LockConfigurationError`. */
 export function resolveModuleOptions(options: unknown): ResolvedModuleOptions {
   const where = 'LockModule options';
   if (options === undefined || options === null) options = {};
-  if (typeof options !== 'object' || Array.isArray(options)) {
+  if (!isOptionsObject(options)) {
     throw new LockConfigurationError('options', `${where} must be an object; got ${describe(options)}.`);
   }
-  const o = options as Record<string, unknown>;
+  const o = options;
   rejectUnknown(o, MODULE_OPTION_NAMES, where);
   const redlock = redlockOption(o.redlock, where);
   if (redlock && o.redis !== undefined) {
@@ -346,10 +351,10 @@ function isClusterConnection(value: unknown): boolean {
 function replicationOption(value: unknown, where: string): Required<ReplicationOptions> | undefined {
   if (value === undefined) return undefined;
   const name = 'replication';
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+  if (!isOptionsObject(value)) {
     throw new LockConfigurationError(name, `${where}: replication must be an object like { replicas: 1, timeoutMs: 100 }; got ${describe(value)}.`);
   }
-  const o = value as Record<string, unknown>;
+  const o = value;
   rejectUnknown(o, ['replicas', 'timeoutMs', 'onUnconfirmedAcquire'], `${where}: replication`);
   if (typeof o.replicas !== 'number' || !Number.isInteger(o.replicas) || o.replicas < 1 || o.replicas > 100) {
     throw new LockConfigurationError('replication.replicas', `${where}: replication.replicas must be a whole number of replicas from 1 to 100; got ${describe(o.replicas)}.`);
@@ -367,10 +372,10 @@ function replicationOption(value: unknown, where: string): Required<ReplicationO
 
 function redlockOption(value: unknown, where: string): Required<RedlockOptions> | undefined {
   if (value === undefined) return undefined;
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+  if (!isOptionsObject(value)) {
     throw new LockConfigurationError('redlock', `${where}: redlock must be an object like { clients: [url1, url2, url3] }; got ${describe(value)}.`);
   }
-  const o = value as Record<string, unknown>;
+  const o = value;
   rejectUnknown(o, ['clients', 'driftFactor'], `${where}: redlock`);
   if (!Array.isArray(o.clients) || o.clients.length < 3 || o.clients.length % 2 === 0) {
     throw new LockConfigurationError(
@@ -401,10 +406,10 @@ function redlockOption(value: unknown, where: string): Required<RedlockOptions> 
  */
 export function validateLockedOptions(options: unknown, where: string): LockedOptions {
   if (options === undefined) return {};
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+  if (!isOptionsObject(options)) {
     throw new LockConfigurationError('options', `${where}: options must be an object; got ${describe(options)}.`);
   }
-  const o = options as Record<string, unknown>;
+  const o = options;
   rejectUnknown(o, LOCKED_OPTION_NAMES, where);
   duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 0, infinity: true });
   duration(o.leaseMs, 'leaseMs', where, { min: MIN_LEASE_MS, fallback: 0 });
@@ -453,8 +458,8 @@ function httpStatusOption(value: unknown, where: string): 409 | 423 {
  */
 export function sided(options: unknown, mode: 'read' | 'write', where: string): unknown {
   if (options === undefined) return { mode };
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) return options;
-  const given = (options as { mode?: unknown }).mode;
+  if (!isOptionsObject(options)) return options;
+  const given = options.mode;
   if (given !== undefined && given !== mode) {
     throw new LockConfigurationError(
       'mode',
@@ -473,10 +478,10 @@ export function resolveLockOptions(
   if (options === undefined) {
     return { waitMs: defaults.waitMs, leaseMs: defaults.leaseMs, watchdog: defaults.watchdog, owner: undefined, signal: undefined, fair: false, mode: 'exclusive' };
   }
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+  if (!isOptionsObject(options)) {
     throw new LockConfigurationError('options', `${where} options must be an object; got ${describe(options)}.`);
   }
-  const o = options as Record<string, unknown>;
+  const o = options;
   rejectUnknown(o, LOCK_OPTION_NAMES, where);
   const fixedLease = o.leaseMs !== undefined;
   const resolved: ResolvedLockOptions = {

@@ -1,7 +1,7 @@
 import { Module, type DynamicModule, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency, type Provider, type Type } from '@nestjs/common';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
-import { bool, describe, type LockModuleOptions } from './lock-options.js';
+import { bool, describe, isOptionsObject, type LockModuleOptions } from './lock-options.js';
 import { LockService } from './lock.service.js';
 
 /** Makes the module global: `LockService` is injectable everywhere without importing `LockModule` again. */
@@ -117,7 +117,7 @@ export class LockModule {
  * default, `[{ leaseMs }]` fail at bootstrap with `unknown option "0"`). `null` reads as no options.
  */
 export function assertOptionsObject(options: unknown, where: string): void {
-  if (options !== null && (typeof options !== 'object' || Array.isArray(options))) {
+  if (options !== null && !isOptionsObject(options)) {
     throw new LockConfigurationError('options', `${where} takes an options object; got ${describe(options)}.`);
   }
 }

@@ -371,11 +371,11 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   async health(timeoutMs = 1_000): Promise<LockHealth> {
     // A string from the environment, NaN or more than a timer holds would wait for ever or not at all.
-    duration(timeoutMs, 'timeoutMs', 'LockService.health()', { min: 0, fallback: 1_000, infinity: true });
+    const ms = duration(timeoutMs, 'timeoutMs', 'LockService.health()', { min: 0, fallback: 1_000, infinity: true });
     const base = { store: this.store.description, heldLocks: this.held.size, renewalOverdueMs: Math.round(this.watchdog.overdueMs()) };
     if (this.closing) return { status: 'down', ...base, error: 'the lock module has shut down' };
     try {
-      await this.store.ready(timeoutMs);
+      await this.store.ready(ms);
       return { status: 'up', ...base };
     } catch (error) {
       return { status: 'down', ...base, error: error instanceof Error ? error.message : String(error) };
