@@ -85,14 +85,19 @@ export class LockModule {
       }
     }
     const providers: Provider[] = [...(options.extraProviders ?? [])];
-    if (options.useFactory) {
-      providers.push({ provide: LOCK_MODULE_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] });
+    const useFactory = options.useFactory;
+    if (useFactory) {
+      providers.push({
+        provide: LOCK_MODULE_OPTIONS,
+        useFactory: async (...args: unknown[]) => produced(await useFactory(...args), 'useFactory'),
+        inject: options.inject ?? [],
+      });
     } else {
       const factoryClass = (options.useClass ?? options.useExisting)!;
       if (options.useClass) providers.push({ provide: factoryClass, useClass: factoryClass });
       providers.push({
         provide: LOCK_MODULE_OPTIONS,
-        useFactory: (factory: LockOptionsFactory) => factory.createLockOptions(),
+        useFactory: async (factory: LockOptionsFactory) => produced(await factory.createLockOptions(), `${factoryClass.name}.createLockOptions()`),
         inject: [factoryClass],
       });
     }
@@ -109,6 +114,22 @@ export class LockModule {
       exports: [LockService],
     };
   }
+}
+
+/**
+ * What a `forRootAsync()` factory returned, refused when it is no options at all: a configuration
+ * key that is not set (`config.get('lock')`) or braces without parentheses (`() => { redis: url }`)
+ * give `undefined`, which would start on every default, the local Redis included. `{}` asks for
+ * every default. Anything else is checked at bootstrap with every other option.
+ */
+function produced(options: LockModuleOptions | null | undefined, by: string): LockModuleOptions {
+  if (options === undefined || options === null) {
+    throw new LockConfigurationError(
+      'forRootAsync',
+      `LockModule.forRootAsync(): ${by} returned ${String(options)}; it must return the options object ({} for every default). A configuration key that is not set gives undefined, and so does an arrow function with braces but no parentheses (write () => ({ redis: url })).`,
+    );
+  }
+  return options;
 }
 
 /**

@@ -18,6 +18,7 @@ import {
   MAX_KEY_LENGTH,
   type LockHandle,
   type LockModuleOptions,
+  type LockOptionsFactory,
 } from '../../lib/index.js';
 import { CapturingLogger, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 import { olderRedisProxy, RedisServer, silentPort } from '../support/redis-server.js';
@@ -43,6 +44,12 @@ interface Ctx {
 }
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+/** A LockOptionsFactory that forgot to return its options. */
+class NoOptions implements LockOptionsFactory {
+  createLockOptions(): LockModuleOptions {
+    return undefined as never;
+  }
+}
 const boot = (options: unknown) => bootModule(LockModule.forRoot(options as LockModuleOptions));
 const bootModule = async (module: DynamicModule) => {
   const moduleRef = await Test.createTestingModule({ imports: [module] })
@@ -171,6 +178,9 @@ const cases: Case[] = [
   { entry: 'LockTestingModule.forRoot', input: 'options: an empty array', outcome: LockConfigurationError, says: /LockTestingModule.forRoot\(\) takes an options object; got an array/, run: async () => LockTestingModule.forRoot([] as never) },
   { entry: 'LockTestingModule.forRoot', input: 'options: a string', outcome: LockConfigurationError, says: /LockTestingModule.forRoot\(\) takes an options object; got "memory"/, run: async () => LockTestingModule.forRoot('memory' as never) },
   { entry: 'LockModule.forRootAsync', input: 'the factory returns an array', outcome: LockConfigurationError, says: /LockModule options must be an object; got an array/, run: () => bootModule(LockModule.forRootAsync({ useFactory: () => [{ leaseMs: 5_000 }] as never })) },
+  { entry: 'LockModule.forRootAsync', input: 'the factory returns undefined (a configuration key not set)', outcome: LockConfigurationError, says: /LockModule.forRootAsync\(\): useFactory returned undefined; it must return the options object \(\{\} for every default\)/, run: () => bootModule(LockModule.forRootAsync({ useFactory: () => new Map<string, LockModuleOptions>().get('lock')! })) },
+  { entry: 'LockModule.forRootAsync', input: 'the async factory resolves to null', outcome: LockConfigurationError, says: /useFactory returned null; it must return the options object/, run: () => bootModule(LockModule.forRootAsync({ useFactory: async () => null as never })) },
+  { entry: 'LockModule.forRootAsync', input: 'useClass whose createLockOptions() returns undefined', outcome: LockConfigurationError, says: /LockModule.forRootAsync\(\): NoOptions.createLockOptions\(\) returned undefined/, run: () => bootModule(LockModule.forRootAsync({ useClass: NoOptions })) },
   { entry: 'LockModule.forRoot', input: 'replication: an array', outcome: LockConfigurationError, says: /replication must be an object like \{ replicas: 1, timeoutMs: 100 \}; got an array/, run: () => boot({ replication: [{ replicas: 1 }] }) },
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 1.5 }', outcome: LockConfigurationError, says: /replication.replicas must be a whole number of replicas from 1 to 100; got 1.5/, run: () => boot({ replication: { replicas: 1.5 } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: the array of clients itself', outcome: LockConfigurationError, says: /redlock must be an object like \{ clients: \[url1, url2, url3\] \}; got an array/, run: () => boot({ redlock: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] }) },
