@@ -268,6 +268,7 @@ const MODULE_OPTION_NAMES = [
 const LOCKED_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'onContention', 'minHoldMs', 'fair', 'mode'] as const;
 const CONTENTION_POLICIES: readonly ContentionPolicy[] = ['wait', 'fail', 'skip'];
 const LOCK_OPTION_NAMES = ['waitMs', 'leaseMs', 'watchdog', 'owner', 'signal', 'fair', 'mode'] as const;
+const HOLD_COUNT_OPTION_NAMES = ['owner', 'mode'] as const;
 const MAX_OWNER_LENGTH = 256;
 const MAX_PREFIX_LENGTH = 256;
 
@@ -497,6 +498,19 @@ export function resolveLockOptions(
     throw new LockConfigurationError('fair', `${where}: fair mode is for exclusive locks; read-write locks already keep writers from starving.`);
   }
   return resolved;
+}
+
+/**
+ * The options of `holdCount()`: whose holds (`owner`) on which side (`mode`). Options that only
+ * shape an acquisition (`waitMs`, `leaseMs`, ...) are refused rather than ignored.
+ */
+export function resolveHoldCountOptions(options: unknown, where: string): { owner: string | undefined; mode: LockMode } {
+  if (options === undefined) return { owner: undefined, mode: 'exclusive' };
+  if (!isOptionsObject(options)) {
+    throw new LockConfigurationError('options', `${where} options must be an object; got ${describe(options)}.`);
+  }
+  rejectUnknown(options, HOLD_COUNT_OPTION_NAMES, where);
+  return { owner: ownerOption(options.owner, where), mode: modeOption(options.mode, where) };
 }
 
 function redisOption(value: unknown): RedisConnection {

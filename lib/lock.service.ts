@@ -25,6 +25,7 @@ import {
   duration,
   isRedisClient,
   MIN_LEASE_MS,
+  resolveHoldCountOptions,
   resolveLockOptions,
   resolveModuleOptions,
   sided,
@@ -279,9 +280,11 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /**
    * The innermost lock held by the current context (`run()`, a `@Locked` method, `handle.run()`),
-   * or the innermost one on `key`; `undefined` outside any.
+   * or the innermost one on `key`; `undefined` outside any. A `key` that is no lock key (a number,
+   * an array of keys) throws `LockKeyError` rather than answering `undefined` for ever.
    */
   current(key?: string): LockHandle | undefined {
+    if (key !== undefined) assertLockKey(key, 'LockService.current()');
     for (let c = this.contexts.getStore(); c; c = c.parent) {
       const candidates = c.group ? c.group.handles : c.handle ? [c.handle] : [];
       const match = candidates.find((h) => !h.released && (key === undefined || h.key === key));
@@ -299,7 +302,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   /** How many holds the current context (or `options.owner`) has on `key` (on its `mode` side); 0 when none. */
   async holdCount(key: string, options?: Pick<LockOptions, 'owner' | 'mode'>): Promise<number> {
     assertLockKey(key, 'LockService.holdCount()');
-    const o = resolveLockOptions(options, this.options, 'LockService.holdCount()');
+    const o = resolveHoldCountOptions(options, 'LockService.holdCount()');
     const owner = o.owner ?? this.liveContext()?.owner;
     if (owner === undefined) return 0;
     return (await this.inspect(key, owner, 'holdCount', o.mode)).holdCount;

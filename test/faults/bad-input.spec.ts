@@ -229,6 +229,11 @@ const cases: Case[] = [
   { entry: 'handle.extend(ms)', input: 'extend after release', outcome: LockError, says: /already released; acquire the lock again/, run: async ({ locks }) => (await released(locks, 'released-extend')).extend(1_000) },
   { entry: 'handle.extend(ms)', input: 'extend(10)', outcome: LockConfigurationError, says: /got 10/, run: async ({ locks }) => { const h = await locks.acquire('short-extend'); try { return await h.extend(10); } finally { await h.release(); } } },
   { entry: 'forceUnlock(key)', input: 'missing key', outcome: 'no-op', run: ({ locks }) => locks.forceUnlock('never-held') },
+  // questions about holds: a key that cannot be held, an option that only shapes an acquisition
+  { entry: 'current(key)', input: 'a number (an id not yet made a key)', outcome: LockKeyError, says: /LockService.current\(\): a lock key must be a string; got 42/, run: async ({ locks }) => locks.run('held-42', () => locks.current(42 as never)) },
+  { entry: 'current(key)', input: 'an array of keys', outcome: LockKeyError, says: /LockService.current\(\): a lock key must be a string; got an array/, run: async ({ locks }) => locks.run(['held-a', 'held-b'], () => locks.current(['held-a', 'held-b'] as never)) },
+  { entry: 'holdCount(key, options)', input: 'waitMs (an acquisition option)', outcome: LockConfigurationError, says: /LockService.holdCount\(\): unknown option "waitMs". Known options: owner, mode/, run: ({ locks }) => locks.holdCount('counted', { waitMs: 0 } as never) },
+  { entry: 'holdCount(key, options)', input: 'an array', outcome: LockConfigurationError, says: /LockService.holdCount\(\) options must be an object; got an array/, run: ({ locks }) => locks.holdCount('counted', [] as never) },
   // health probes: a timeout read from the environment without Number(), or one no timer holds
   { entry: 'health(timeoutMs)', input: 'timeoutMs "500" (a string)', outcome: LockConfigurationError, says: /LockService.health\(\): timeoutMs must be a whole number of milliseconds from 0 to 2147483647 \(or Infinity to wait for ever\); got "500"/, run: ({ locks }) => locks.health('500' as never) },
   { entry: 'health(timeoutMs)', input: 'timeoutMs NaN', outcome: LockConfigurationError, says: /timeoutMs must be .*; got NaN/, run: ({ locks }) => locks.health(Number.NaN) },
