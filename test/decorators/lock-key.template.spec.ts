@@ -12,7 +12,9 @@ describe('key templates', () => {
     ['order:<-1>', /argument index .* not "-1"/],
     ['order:<a>', /argument index .* not "a"/],
     ['order:<0..id>', /empty property name/],
-    ['order:0>', /has a ">" without a matching "<"/],
+    ['order:0>', /has a ">" without a matching "<" at position 7/],
+    // Counted from the start of the template, not from the end of the placeholder before it.
+    ['a:<0>:b>', /has a ">" without a matching "<" at position 7/],
     ['order:<<0>>', /"<" inside the placeholder/],
     ['order:{<0>}', /contains "\{" in its literal text/],
     ['order:<0>}', /contains "\}" in its literal text/],
@@ -68,6 +70,8 @@ describe('key templates', () => {
     expect(parse('t:<0.from.id>-<1>').resolve([{ from: { id: 'x' } }, 7n])).toBe('t:x-7');
     expect(parse('flag:<0>').resolve([false])).toBe('flag:false');
     expect(parse('v:<0>').resolve(['a%b:c{d}e'])).toBe('v:a%25b%3Ac%7Bd%7De');
+    // Each reserved character is encoded on its own too, not only beside another one.
+    expect(['%', ':', '{', '}'].map((c) => parse('v:<0>').resolve([`a${c}`]))).toEqual(['v:a%25', 'v:a%3A', 'v:a%7B', 'v:a%7D']);
     // A function's properties too (a class passed as an argument, say).
     expect(parse('job:<0.jobName>').resolve([Object.assign(() => undefined, { jobName: 'report' })])).toBe('job:report');
   });
@@ -111,6 +115,7 @@ describe('key templates', () => {
       /argument <0>\.customer is null, so it has no property "id"/,
     );
     expect(() => parse('o:<0.id>').resolve([{ id: { nested: 1 } }])).toThrow(/argument <0>\.id is an object/);
+    expect(() => parse('o:<0.customer.id>').resolve([{ customer: {} }])).toThrow(/Placeholder <0\.customer\.id> needs a string/);
     // A path reads objects' (and functions') properties only, never a string's or a number's.
     expect(() => parse('o:<0.length>').resolve(['abc'])).toThrow(/argument <0> is "abc", so it has no property "length"/);
   });
