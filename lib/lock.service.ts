@@ -22,6 +22,7 @@ import { LockGroup } from './lock-group.js';
 import { LockHandle } from './lock-handle.js';
 import { assertLockKey, canonicalKeys } from './lock-key.js';
 import {
+  describe,
   duration,
   isRedisClient,
   MIN_LEASE_MS,
@@ -635,6 +636,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
 
   /** @internal */
   runInContext<T>(context: LockContext, fn: () => T): T {
+    if (typeof fn !== 'function') {
+      throw new LockConfigurationError('fn', `${context.group ? 'LockGroup' : 'LockHandle'}.run(fn): fn must be a function to run in the lock's context; got ${describe(fn)}.`);
+    }
     return this.contexts.run(context, fn);
   }
 
