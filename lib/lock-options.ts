@@ -417,9 +417,15 @@ export function validateLockedOptions(options: unknown, where: string): LockedOp
   bool(o.watchdog, 'watchdog', where, true);
   contentionOption(o.onContention, where, 'wait');
   duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 });
-  bool(o.fair, 'fair', where, false);
-  modeOption(o.mode, where);
+  exclusiveIfFair(bool(o.fair, 'fair', where, false), modeOption(o.mode, where), where);
   return o as LockedOptions;
+}
+
+/** Fair mode queues exclusive locks only: refused with a read-write `mode`, when the options are checked. */
+function exclusiveIfFair(fair: boolean, mode: LockMode, where: string): void {
+  if (fair && mode !== 'exclusive') {
+    throw new LockConfigurationError('fair', `${where}: fair mode is for exclusive locks; read-write locks already keep writers from starving.`);
+  }
 }
 
 function storeOption(value: unknown, where: string): 'redis' | 'memory' {
@@ -494,9 +500,7 @@ export function resolveLockOptions(
     fair: bool(o.fair, 'fair', where, false),
     mode: modeOption(o.mode, where),
   };
-  if (resolved.fair && resolved.mode !== 'exclusive') {
-    throw new LockConfigurationError('fair', `${where}: fair mode is for exclusive locks; read-write locks already keep writers from starving.`);
-  }
+  exclusiveIfFair(resolved.fair, resolved.mode, where);
   return resolved;
 }
 
