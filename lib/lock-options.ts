@@ -421,6 +421,13 @@ export function validateLockedOptions(options: unknown, where: string): LockedOp
   return o as LockedOptions;
 }
 
+/** Several keys are taken as exclusive locks only: `fair` and a read-write `mode` are refused for a group. */
+export function exclusiveGroup(fair: boolean | undefined, mode: LockMode | undefined, where: string): void {
+  if (fair || (mode !== undefined && mode !== 'exclusive')) {
+    throw new LockConfigurationError('keys', `${where}: multi-key locks are exclusive; fair and mode apply to one key at a time.`);
+  }
+}
+
 /** Fair mode queues exclusive locks only: refused with a read-write `mode`, when the options are checked. */
 function exclusiveIfFair(fair: boolean, mode: LockMode, where: string): void {
   if (fair && mode !== 'exclusive') {

@@ -24,6 +24,7 @@ import { assertLockKey, canonicalKeys } from './lock-key.js';
 import {
   describe,
   duration,
+  exclusiveGroup,
   isRedisClient,
   MIN_LEASE_MS,
   resolveHoldCountOptions,
@@ -425,9 +426,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * Otherwise one key at a time in canonical order, giving back what it took if one fails.
    */
   private async takeGroup(keys: readonly string[], o: ResolvedLockOptions, context: LockContext, where: string): Promise<LockGroup> {
-    if (o.fair || o.mode !== 'exclusive') {
-      throw new LockConfigurationError('keys', `${where}: multi-key locks are exclusive; fair and mode apply to one key at a time.`);
-    }
+    exclusiveGroup(o.fair, o.mode, where);
     if (this.closing) throw shutDown(keys.join(', '));
     const acquireMany = (this.store.groupsAtomically?.(keys) ?? true) ? this.store.acquireMany?.bind(this.store) : undefined;
     if (!acquireMany) return this.takeOneByOne(keys, o, context);

@@ -2,7 +2,7 @@ import { Inject, UseInterceptors } from '@nestjs/common';
 import { Observable } from 'rxjs';
 import { LockConfigurationError } from '../errors/lock-configuration.error.js';
 import { assertLockKey, canonicalKeys } from '../lock-key.js';
-import { validateLockedOptions, type LockedOptions } from '../lock-options.js';
+import { exclusiveGroup, validateLockedOptions, type LockedOptions } from '../lock-options.js';
 import { LockInterceptor, withLockErrorsTranslated } from '../lock.interceptor.js';
 import { LockService } from '../lock.service.js';
 import { LOCKED_METADATA } from '../lock.constants.js';
@@ -180,6 +180,8 @@ function buildSpec(
   const declared = Array.isArray(paramTypes) ? paramTypes.length : undefined;
   if (Array.isArray(key)) {
     if (key.length === 0) throw new LockConfigurationError('template', `${where}: an array of key templates needs at least one template.`);
+    // As a call's options are for a group (LockService.takeGroup), but now rather than at every call.
+    exclusiveGroup(validated.fair, validated.mode, where);
     const templates = key.map((k: string) => LockKeyTemplate.parse(k, where, declared));
     return {
       where,
