@@ -412,10 +412,17 @@ export function validateLockedOptions(options: unknown, where: string): LockedOp
   }
   const o = options;
   rejectUnknown(o, LOCKED_OPTION_NAMES, where);
-  duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 0, infinity: true });
+  const waitMs = duration(o.waitMs, 'waitMs', where, { min: 0, fallback: 0, infinity: true });
   duration(o.leaseMs, 'leaseMs', where, { min: MIN_LEASE_MS, fallback: 0 });
   bool(o.watchdog, 'watchdog', where, true);
-  contentionOption(o.onContention, where, 'wait');
+  const policy = contentionOption(o.onContention, where, 'wait');
+  if (waitMs > 0 && policy !== 'wait') {
+    // It would be ignored: 'fail' and 'skip' try the lock once (as tryAcquire(), which refuses waitMs too).
+    throw new LockConfigurationError(
+      'waitMs',
+      `${where}: onContention '${policy}' tries the lock once and never waits; leave waitMs out, or use onContention 'wait' to wait up to ${waitMs} ms.`,
+    );
+  }
   duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 });
   exclusiveIfFair(bool(o.fair, 'fair', where, false), modeOption(o.mode, where), where);
   return o as LockedOptions;
