@@ -534,7 +534,11 @@ export function resolveHoldCountOptions(options: unknown, where: string): { owne
 function redisOption(value: unknown): RedisConnection {
   if (value === undefined) return 'redis://127.0.0.1:6379';
   if (typeof value === 'string') {
-    if (/^rediss?:\/\//i.test(value)) return value;
+    if (/^rediss?:\/\//i.test(value)) {
+      // A URL's scheme is case-insensitive, but ioredis takes only a lower-case "rediss://" as TLS:
+      // "REDISS://host" would connect in plain text, password included.
+      return value.replace(/^rediss?:/i, (scheme) => scheme.toLowerCase());
+    }
     throw new LockConfigurationError(
       'redis',
       `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${value}".`,

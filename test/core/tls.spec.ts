@@ -61,6 +61,14 @@ describe('Redis over TLS', () => {
     expect((failure as Error).message).toMatch(/self-signed certificate/);
   });
 
+  // The scheme is case-insensitive; ioredis takes only a lower-case "rediss://" as TLS and connects
+  // to "REDISS://" in plain text (password included), which this TLS port would never answer.
+  it.each(['REDISS', 'Rediss'])('takes a %s:// URL as TLS too: the certificate is checked as for rediss://', async (scheme) => {
+    const failure = await bootstrapFailure(() => startLockApp({ redis: `${scheme}://127.0.0.1:${tlsPort}`, connectTimeoutMs: 2_000 }));
+    expect(failure).toBeInstanceOf(LockBackendError);
+    expect((failure as Error).message).toMatch(/self-signed certificate/);
+  });
+
   // A socket ended during its TLS handshake can report two errors: the certificate Node refuses,
   // then the server's alert (decode_error) to the handshake cut short. ioredis listens for the
   // first only; the second, unheard, was an uncaught exception (it failed this file's previous
