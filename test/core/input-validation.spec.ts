@@ -4,7 +4,7 @@ import type { Redis } from 'ioredis';
 import { LockConfigurationError, LockKeyError, LockModule, LockService, MAX_KEY_LENGTH } from '../../lib/index.js';
 import { resolveModuleOptions } from '../../lib/lock-options.js';
 import type { RedisServer } from '../support/redis-server.js';
-import { usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('keys and per-call options are checked before Redis is touched', () => {
   let redis: RedisServer;
@@ -58,12 +58,33 @@ describe('keys and per-call options are checked before Redis is touched', () => 
     [{ signal: 'stop' }, 'signal', /must be an AbortSignal/],
     [{ wait: 100 }, 'wait', /unknown option "wait"/],
     [{ leasems: 100 }, 'leasems', /did you mean "leaseMs"/],
+    [null, 'options', /LockService\.acquire\(\) options must be an object; got null/],
   ])('acquire() rejects options %j with LockConfigurationError naming %s', async (options, option, message) => {
     const failure = await app.locks.acquire('opts', options as never).then(() => new Error('accepted'), (e: unknown) => e);
     expect(failure).toBeInstanceOf(LockConfigurationError);
     expect((failure as LockConfigurationError).option).toBe(option);
     expect((failure as Error).message).toMatch(message);
     expect(await app.locks.isLocked('opts')).toBe(false);
+  });
+
+  it('accepts an owner of exactly 256 characters, and keeps its holds apart from the 255-character prefix', async () => {
+    const owner = 'o'.repeat(256);
+    const lock = await app.locks.acquire('owner:longest', { owner });
+    try {
+      expect(await app.locks.holdCount('owner:longest', { owner })).toBe(1);
+      expect(await app.locks.holdCount('owner:longest', { owner: owner.slice(1) })).toBe(0);
+    } finally {
+      await lock.release();
+    }
+  });
+
+  it("takes store: 'redis', the default, when it is given: the lock is in Redis", async () => {
+    const explicit = await startLockApp({ redis: redis.url, store: 'redis' });
+    try {
+      await explicit.locks.run('store:explicit', async () => expect(await raw.exists('lock:{store:explicit}')).toBe(1));
+    } finally {
+      await explicit.close();
+    }
   });
 
   it('accepts waitMs: Infinity and rejects waitMs on tryAcquire', async () => {
