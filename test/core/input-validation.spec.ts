@@ -87,6 +87,16 @@ describe('keys and per-call options are checked before Redis is touched', () => 
     }
   });
 
+  // An app that picks its store from the environment keeps its REDIS_URL when it picks 'memory'.
+  it("ignores a redis given with store: 'memory': bootstraps and locks with nothing listening there", async () => {
+    const memory = await startLockApp({ store: 'memory', redis: 'redis://127.0.0.1:1', connectTimeoutMs: 500 });
+    try {
+      await memory.locks.run('store:memory', async () => expect(await memory.locks.isLocked('store:memory')).toBe(true));
+    } finally {
+      await memory.close();
+    }
+  });
+
   it('accepts waitMs: Infinity and rejects waitMs on tryAcquire', async () => {
     const lock = await app.locks.acquire('inf', { waitMs: Infinity });
     await lock.release();
