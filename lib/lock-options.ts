@@ -539,9 +539,11 @@ function redisOption(value: unknown): RedisConnection {
       // "REDISS://host" would connect in plain text, password included.
       return value.replace(/^rediss?:/i, (scheme) => scheme.toLowerCase());
     }
+    const socket = /^(?:unix:\/\/)?(\/.*)$/i.exec(value)?.[1];
     throw new LockConfigurationError(
       'redis',
-      `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${value}".`,
+      `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${value}".` +
+        (socket ? ` For a Unix socket give ioredis options: { path: ${JSON.stringify(socket)} }.` : ''),
     );
   }
   if (typeof value === 'object' && value !== null && !Array.isArray(value)) {

@@ -1,4 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Redis, type RedisOptions } from 'ioredis';
 import { LockBackendError, LockNotAcquiredError, LockQuorumError, type LockModuleOptions } from '../../lib/index.js';
 import { aborted, lockEachWay, nextEvents, startLockApp, waitRegistered, within, wokenBy, type LockApp } from '../support/lock-testing.js';
@@ -187,6 +190,54 @@ describe("a client with ioredis's db option", () => {
     await wokenBy(() => held.release(), db2Too, 'd:one');
     await lockEachWay(db2.locks, 'd:each');
     expect(await locksIn(inDb2)).toEqual([]);
+  });
+});
+
+// A Redis on the same host, reached over its Unix socket (ioredis's path option): no host or port.
+describe('a connection over a Unix socket (ioredis path option)', () => {
+  let redis: RedisServer;
+  let dir: string;
+  let socket: string;
+  const apps: LockApp[] = [];
+  const clients: Redis[] = [];
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'nestjs-locked-socket-'));
+    socket = join(dir, 'redis.sock');
+    redis = await RedisServer.start(['--unixsocket', socket, '--unixsocketperm', '700']);
+  });
+  afterAll(async () => {
+    for (const app of apps.splice(0)) await app.close();
+    for (const client of clients.splice(0)) client.disconnect();
+    await redis?.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('takes locks each way on options and on a client passed in, wakes a waiter of the other app by message, and leaves nothing behind', async () => {
+    const onOptions = await startLockApp({ redis: { path: socket } });
+    apps.push(onOptions);
+    const client = new Redis({ path: socket });
+    clients.push(client);
+    const onClient = await startLockApp({ redis: client });
+    apps.push(onClient);
+    const shared = redis.shared();
+    // Every connection of both apps (the waiter's subscriber too) is on the socket: none over TCP.
+    const overTcp = async () => String(await shared.client('LIST')).split('\n').filter((line) => / laddr=127\.0\.0\.1:/.test(line)).length;
+    const tcpBefore = await overTcp();
+
+    await lockEachWay(onOptions.locks, 'sock:options');
+    await lockEachWay(onClient.locks, 'sock:client');
+    const held = await onOptions.locks.acquire('sock:woken', { leaseMs: 120_000 });
+    expect(await shared.exists('lock:{sock:woken}')).toBe(1);
+    await wokenBy(() => held.release(), onClient, 'sock:woken', 5_000);
+    const heldToo = await onClient.locks.acquire('sock:woken', { leaseMs: 120_000 });
+    await wokenBy(() => heldToo.release(), onOptions, 'sock:woken', 5_000);
+
+    expect(await overTcp()).toBe(tcpBefore);
+    // Each app's connection and each waiter's subscriber connection.
+    const overSocket = String(await shared.client('LIST')).split('\n').filter((line) => line.includes(` laddr=${socket}:`)).length;
+    expect(overSocket).toBeGreaterThanOrEqual(4);
+    expect(await locksIn(shared)).toEqual([]);
+    expect((await onOptions.locks.health()).status).toBe('up');
   });
 });
 
