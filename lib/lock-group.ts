@@ -1,6 +1,7 @@
 import { anySignal } from './internal/any-signal.js';
 import type { LockContext } from './lock-context.js';
 import type { LockHandle } from './lock-handle.js';
+import { duration, MIN_LEASE_MS } from './lock-options.js';
 
 /**
  * Several locks held together, as `acquire([...keys])` and `run([...keys], fn)` return them: all
@@ -81,6 +82,8 @@ export class LockGroup {
 
   /** Sets the remaining lease of every lock of the group to `leaseMs`. */
   async extend(leaseMs: number): Promise<void> {
+    // Checked here too, so that the error names the group's method rather than its handles'.
+    duration(leaseMs ?? null, 'leaseMs', 'LockGroup.extend()', { min: MIN_LEASE_MS, fallback: 0 });
     await Promise.all(this.handles.map((h) => h.extend(leaseMs)));
   }
 
