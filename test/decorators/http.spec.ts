@@ -123,6 +123,12 @@ class ItemsController {
     return { id };
   }
 
+  @Locked('item:<0>', { onContention: 'skip' })
+  @Get(':id/skip')
+  async skipping(@Param('id') id: string) {
+    return { id };
+  }
+
   // No parameters; @Locked above the route decorator: Nest passes the call site, no interceptor.
   @Locked('items:all')
   @Get('all/above')
@@ -306,6 +312,19 @@ for (const platform of ['express', 'fastify'] as const) {
       expect(res.status).toBe(409);
       // One refused attempt, no wait: a wait (waitMs 300 here) would end with 'timed-out'.
       expect(seen).toEqual(['contended']);
+      await holder.release();
+    });
+
+    // What the README says of 'skip' on a route: the client cannot tell a skipped call from one that returned nothing.
+    it("answers a call skipped with onContention: 'skip' as the handler returning undefined does: 200 with an empty body", async () => {
+      expect(await (await fetch(`${url}/items/8/skip`)).json()).toEqual({ id: '8' });
+      const holder = await locks.acquire('item:8');
+      const skipped = nextEvent(locks.events$, 'skipped', (e) => e.key === 'item:8');
+      const res = await fetch(`${url}/items/8/skip`);
+      await skipped;
+      expect(res.status).toBe(200);
+      expect(await res.text()).toBe('');
+      expect(res.headers.get('retry-after')).toBeNull();
       await holder.release();
     });
 
