@@ -18,7 +18,8 @@ export class LockBackendError extends LockError {
     super(
       message ??
         `Redis failed during ${operation}${key === undefined ? '' : ` of "${key}"`}: ${
-          cause instanceof Error ? cause.message : String(cause)
+          // ioredis's own messages end with a period ("Connection is closed.").
+          (cause instanceof Error ? cause.message : String(cause)).replace(/\.$/, '')
         }. Check that Redis is reachable and that the lock keys are not used by other code.`,
       { cause },
     );

@@ -1,7 +1,8 @@
 import { beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Get, Injectable, Param, type DynamicModule } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Cluster, type Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
+import { once } from 'node:events';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -44,6 +45,34 @@ interface Ctx {
 }
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+/**
+ * Boots on a client the application closed first. Waited for ever (the connectTimeoutMs deadline
+ * here) for a connection ioredis never makes again, then said "no answer".
+ */
+const closedClientBoot = async (redis: RedisServer) => {
+  const client = new Redis(redis.url);
+  await client.ping();
+  const ended = once(client, 'end');
+  client.disconnect();
+  await ended;
+  return boot({ redis: client, connectTimeoutMs: 2_000 });
+};
+/** The same client with connectTimeoutMs: 0 (no check at bootstrap): the first lock step says what ioredis said, once. */
+const closedClientAcquire = async (redis: RedisServer) => {
+  const client = new Redis(redis.url);
+  const ended = once(client, 'end');
+  client.disconnect();
+  await ended;
+  const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: client, connectTimeoutMs: 0 })] })
+    .setLogger(new CapturingLogger())
+    .compile();
+  await moduleRef.init();
+  try {
+    return await moduleRef.get(LockService).acquire('on-closed-client');
+  } finally {
+    await moduleRef.close();
+  }
+};
 /** A LockOptionsFactory that forgot to return its options. */
 class NoOptions implements LockOptionsFactory {
   createLockOptions(): LockModuleOptions {
@@ -201,6 +230,8 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redis: a node-redis client', outcome: LockConfigurationError, says: /needs an ioredis client/, run: () => boot({ redis: { evalSha: () => 0, isOpen: true } }) },
   { entry: 'LockModule.forRoot', input: 'redis: autoResendUnfulfilledCommands false', outcome: LockConfigurationError, says: /a lock release could wait for ever/, run: () => boot({ redis: { port: 1, autoResendUnfulfilledCommands: false } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, options: { redisOptions: { autoResendUnfulfilledCommands: false } } }', outcome: LockConfigurationError, says: /a lock release could wait for ever/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 1 }], options: { redisOptions: { autoResendUnfulfilledCommands: false } } } }) },
+  { entry: 'LockModule.forRoot', input: 'redis: a client the application closed (disconnect())', outcome: LockConfigurationError, says: /the ioredis client passed in for redis 127\.0\.0\.1:\d+ was closed \(quit\(\) or disconnect\(\)\), and ioredis does not reopen a closed client/, run: ({ redis }) => closedClientBoot(redis) },
+  { entry: 'acquire(key)', input: 'on a client the application closed, with connectTimeoutMs: 0', outcome: LockBackendError, says: /Redis failed during acquire of "on-closed-client": Connection is closed\. Check that Redis is reachable/, run: ({ redis }) => closedClientAcquire(redis) },
   { entry: 'LockModule.forRoot', input: 'redis: not a client (a Map)', outcome: LockConfigurationError, says: /not an ioredis client/, run: () => boot({ redis: new Map() }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster: [] }', outcome: LockConfigurationError, says: /redis.cluster must be a non-empty array of startup nodes/, run: () => boot({ redis: { cluster: [] } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, host } (a stray field)', outcome: LockConfigurationError, says: /move host into options/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }], host: 'x' } as never }) },

@@ -182,8 +182,16 @@ export class RedisLockStore implements LockStore {
     // Connected and ready before the first command: a client with enableOfflineQueue: false would
     // refuse a command sent earlier ("Stream isn't writeable"), and a lazy Cluster never connects
     // on its own.
-    this.connect();
     const client = this.client;
+    if (client.status === 'end' && !this.ownsClient) {
+      // A client passed in that its application closed (quit(), disconnect()) never connects again:
+      // waiting for it would end at the bootstrap deadline with "no answer".
+      throw new LockConfigurationError(
+        'redis',
+        `the ioredis client passed in for ${this.description} was closed (quit() or disconnect()), and ioredis does not reopen a closed client. Pass an open client, or a URL or options for nestjs-locked to connect itself.`,
+      );
+    }
+    this.connect();
     if (client.status !== 'ready') await this.connected();
     if (!this.cluster) {
       // The checks go out with the loads, on the same connection and in that order: before any
