@@ -578,12 +578,35 @@ function redisOption(value: unknown): RedisConnection {
         `redis is an object of class ${(v.constructor as { name?: string })?.name ?? 'unknown'} that is not an ioredis client; pass an ioredis client, a redis:// URL, or plain ioredis options.`,
       );
     }
+    refuseForeignOptions(v);
     return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options with');
   }
   throw new LockConfigurationError(
     'redis',
     `redis must be a redis:// URL, ioredis options, or an ioredis client; got ${describe(value)}.`,
   );
+}
+
+/**
+ * Refuses options that ioredis would ignore and then connect to localhost:6379, whatever Redis
+ * listens there: `url` and `socket` are node-redis's (`createClient({ url })`), and a URL given as
+ * `host` would be looked up as a host name.
+ */
+function refuseForeignOptions(v: Record<string, unknown>): void {
+  const foreign = ['url', 'socket'].find((name) => v[name] !== undefined);
+  if (foreign) {
+    throw new LockConfigurationError(
+      'redis',
+      `redis: ioredis options have no "${foreign}" (that is node-redis's createClient() option), and ioredis would connect to localhost:6379 instead. ` +
+        `Give the URL itself (redis: 'redis://host:6379'), or ioredis options such as { host, port, password }.`,
+    );
+  }
+  if (typeof v.host === 'string' && v.host.includes('://')) {
+    throw new LockConfigurationError(
+      'redis',
+      `redis: host must be a host name, not a URL; got ${describe(v.host)}. Give the URL itself as redis (redis: ${describe(v.host)}), or its host and port as { host, port }.`,
+    );
+  }
 }
 
 /**
