@@ -87,7 +87,15 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         // had would then reach the client as a 500 instead of a 409, so the call fails here, loudly.
         return failed(spec, changedCallSite(where, siteIndex, args[siteIndex]));
       }
-      const locks = this?.[LOCK_SERVICE];
+      if (this === undefined || this === null) {
+        // The method was detached from its instance (passed as a callback, destructured).
+        const error = new LockConfigurationError(
+          '@Locked',
+          `${where}: called without its instance (this is ${String(this)}): a method passed on as a callback or taken off its object loses it. Bind it (this.${String(propertyKey)}.bind(this)) or wrap the call (() => this.${String(propertyKey)}(...)).`,
+        );
+        return failed(spec, error);
+      }
+      const locks = this[LOCK_SERVICE];
       if (!locks) {
         const error = new LockConfigurationError(
           '@Locked',

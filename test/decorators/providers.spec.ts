@@ -481,6 +481,14 @@ describe('@Locked on provider methods called directly', () => {
     await expect(orphan.post('X')).rejects.toThrow(LockConfigurationError);
     await expect(orphan.post('X')).rejects.toThrow(/no LockService on this instance.*created by Nest/);
   });
+
+  it('explains a call without the instance (a method passed on as a callback) instead of blaming Nest', async () => {
+    const { post } = ledger;
+    const failure = await post('X').then(() => new Error('ran'), (e: unknown) => e);
+    expect(failure).toBeInstanceOf(LockConfigurationError);
+    expect((failure as Error).message).toMatch(/@Locked on Ledger\.post: called without its instance \(this is undefined\).*Bind it \(this\.post\.bind\(this\)\)/);
+    expect(await locks.isLocked('ledger:X')).toBe(false);
+  });
 });
 
 describe('@Locked in a module that cannot inject LockService', () => {
