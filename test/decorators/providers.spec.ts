@@ -488,6 +488,13 @@ describe('@Locked on provider methods called directly', () => {
     expect(failure).toBeInstanceOf(LockConfigurationError);
     expect((failure as Error).message).toMatch(/@Locked on Ledger\.post: called without its instance \(this is undefined\).*Bind it \(this\.post\.bind\(this\)\)/);
     expect(await locks.isLocked('ledger:X')).toBe(false);
+    // Called back by a timer: `this` is Node's Timeout.
+    const calledBack = new Promise<unknown>((resolve) => {
+      setTimeout(function (this: unknown) {
+        resolve(post.call(this as Ledger, 'X').then(() => new Error('ran'), (e: unknown) => e));
+      }, 0);
+    });
+    expect(String(await calledBack)).toMatch(/called without its instance \(this is an object \(Timeout\)\)/);
   });
 });
 
