@@ -499,10 +499,7 @@ export function resolveLockOptions(
   if (options === undefined) {
     return { waitMs: defaults.waitMs, leaseMs: defaults.leaseMs, watchdog: defaults.watchdog, owner: undefined, signal: undefined, fair: false, mode: 'exclusive' };
   }
-  if (!isOptionsObject(options)) {
-    throw new LockConfigurationError('options', `${where} options must be an object; got ${describe(options)}.`);
-  }
-  const o = options;
+  const o = callOptions(options, where);
   rejectUnknown(o, LOCK_OPTION_NAMES, where);
   const fixedLease = o.leaseMs !== undefined;
   const resolved: ResolvedLockOptions = {
@@ -524,11 +521,17 @@ export function resolveLockOptions(
  */
 export function resolveHoldCountOptions(options: unknown, where: string): { owner: string | undefined; mode: LockMode } {
   if (options === undefined) return { owner: undefined, mode: 'exclusive' };
+  const o = callOptions(options, where);
+  rejectUnknown(o, HOLD_COUNT_OPTION_NAMES, where);
+  return { owner: ownerOption(o.owner, where), mode: modeOption(o.mode, where) };
+}
+
+/** A call's options object; anything else (null, an array, a string) is refused naming the call. */
+function callOptions(options: unknown, where: string): Record<string, unknown> {
   if (!isOptionsObject(options)) {
     throw new LockConfigurationError('options', `${where} options must be an object; got ${describe(options)}.`);
   }
-  rejectUnknown(options, HOLD_COUNT_OPTION_NAMES, where);
-  return { owner: ownerOption(options.owner, where), mode: modeOption(options.mode, where) };
+  return options;
 }
 
 function redisOption(value: unknown): RedisConnection {
