@@ -10,9 +10,10 @@ import { declareCallSite, LockCallSite } from './lock-call-site.js';
 import { LockKeyTemplate } from './lock-key.template.js';
 import { invokeLocked, type LockedSpec } from './lock-pipeline.js';
 
-/** The prototypes of generator and async generator functions (`function*`, `async function*`). */
+/** The prototypes of generator, async generator and async functions (`function*`, `async function*`, `async`). */
 const GENERATOR_FUNCTION: unknown = Object.getPrototypeOf(function* () {});
 const ASYNC_GENERATOR_FUNCTION: unknown = Object.getPrototypeOf(async function* () {});
+const ASYNC_FUNCTION: unknown = Object.getPrototypeOf(async function () {});
 
 /** Where `@Locked` puts the injected LockService on instances. */
 const LOCK_SERVICE = Symbol('nestjs-locked:lock-service');
@@ -172,6 +173,10 @@ function buildSpec(
   const observable = returnType === Observable || (typeof returnType === 'function' && returnType.name === 'Observable');
   if (typeof key === 'function') {
     const keyFunction = key as (...args: unknown[]) => unknown;
+    if (Object.getPrototypeOf(keyFunction) === ASYNC_FUNCTION) {
+      // Its key would be a Promise: the lock is taken before the method runs, from the arguments alone.
+      throw new LockConfigurationError('key', `${where}: the key function is async; it must return the key itself (a string, or an array of strings), not a Promise. Drop async, and look up what the key needs inside the method instead.`);
+    }
     return {
       where,
       options: validated,
