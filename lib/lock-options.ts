@@ -592,8 +592,8 @@ function redisOption(value: unknown): RedisConnection {
 
 /**
  * Refuses options that ioredis would ignore and then connect to localhost:6379, whatever Redis
- * listens there: `url` and `socket` are node-redis's (`createClient({ url })`), and a URL given as
- * `host` would be looked up as a host name.
+ * listens there: `url` and `socket` are node-redis's (`createClient({ url })`), `hostname` is a URL
+ * object's name for `host`, and a URL given as `host` would be looked up as a host name.
  */
 function refuseForeignOptions(v: Record<string, unknown>): void {
   const foreign = ['url', 'socket'].find((name) => v[name] !== undefined);
@@ -602,6 +602,12 @@ function refuseForeignOptions(v: Record<string, unknown>): void {
       'redis',
       `redis: ioredis options have no "${foreign}" (that is node-redis's createClient() option), and ioredis would connect to localhost:6379 instead. ` +
         `Give the URL itself (redis: 'redis://host:6379'), or ioredis options such as { host, port, password }.`,
+    );
+  }
+  if (v.hostname !== undefined && v.host === undefined) {
+    throw new LockConfigurationError(
+      'redis',
+      `redis: ioredis options have no "hostname" (ioredis calls it host), and ioredis would connect to localhost:6379 instead. Write { host: ${describe(v.hostname)} }.`,
     );
   }
   if (typeof v.host === 'string' && v.host.includes('://')) {
