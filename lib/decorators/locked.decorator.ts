@@ -88,12 +88,13 @@ export function Locked(key: LockedKey, options?: LockedOptions): MethodDecorator
         // had would then reach the client as a 500 instead of a 409, so the call fails here, loudly.
         return failed(spec, changedCallSite(where, siteIndex, args[siteIndex]));
       }
-      if (this === undefined || this === null || !Object.prototype.isPrototypeOf.call(target, this)) {
+      // isPrototypeOf answers false for undefined and null too.
+      if (!Object.prototype.isPrototypeOf.call(target, this)) {
         // The method was detached from its instance (passed on as a callback, destructured): `this`
         // is undefined, or what called it back (a Node Timeout, an emitter).
         const error = new LockConfigurationError(
           '@Locked',
-          `${where}: called without its instance (this is ${this === undefined || this === null ? String(this) : describe(this)}): a method passed on as a callback or taken off its object loses it. Bind it (this.${String(propertyKey)}.bind(this)) or wrap the call (() => this.${String(propertyKey)}(...)).`,
+          `${where}: called without its instance (this is ${describe(this)}): a method passed on as a callback or taken off its object loses it. Bind it (this.${String(propertyKey)}.bind(this)) or wrap the call (() => this.${String(propertyKey)}(...)).`,
         );
         return failed(spec, error);
       }
