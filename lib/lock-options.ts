@@ -591,7 +591,7 @@ function redisOption(value: unknown): RedisConnection {
 }
 
 /**
- * Refuses options that ioredis would ignore and then connect to localhost:6379, whatever Redis
+ * Refuses options that ioredis would ignore and then connect to localhost, whatever Redis
  * listens there: `url` and `socket` are node-redis's (`createClient({ url })`), `hostname` is a URL
  * object's name for `host`, and a URL given as `host` would be looked up as a host name.
  */
@@ -607,7 +607,7 @@ function refuseForeignOptions(v: Record<string, unknown>): void {
   if (v.hostname !== undefined && v.host === undefined) {
     throw new LockConfigurationError(
       'redis',
-      `redis: ioredis options have no "hostname" (ioredis calls it host), and ioredis would connect to localhost:6379 instead. Write { host: ${describe(v.hostname)} }.`,
+      `redis: ioredis options have no "hostname" (ioredis calls it host), and ioredis would connect to localhost instead (on the port given). Write { host: ${describe(v.hostname)} }.`,
     );
   }
   if (typeof v.host === 'string' && v.host.includes('://')) {
