@@ -3,6 +3,7 @@ import { LockConfigurationError } from './errors/lock-configuration.error.js';
 import type { LockMode } from './store/lock-store.js';
 import { FENCE_COUNTER_TTL_MS } from './store/redis/lock.scripts.js';
 import { DEFAULT_FAIR_QUEUE_TIMEOUT_MS } from './lock.constants.js';
+import { redactUrls } from './internal/redact.js';
 
 /** The longest delay a Node timer can express (about 24.8 days). Durations are capped to it. */
 export const MAX_DURATION_MS = 2_147_483_647;
@@ -542,11 +543,9 @@ function redisOption(value: unknown): RedisConnection {
       // "REDISS://host" would connect in plain text, password included.
       return value.replace(/^rediss?:/i, (scheme) => scheme.toLowerCase());
     }
-    const socket = /^(?:unix:\/\/)?(\/.*)$/i.exec(value)?.[1];
     throw new LockConfigurationError(
       'redis',
-      `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${value}".` +
-        (socket ? ` For a Unix socket give ioredis options: { path: ${JSON.stringify(socket)} }.` : ''),
+      `redis must be a redis:// or rediss:// URL, ioredis options, or an ioredis client; got the string "${redactUrls(value)}".${urlHint(value)}`,
     );
   }
   if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
@@ -560,7 +559,7 @@ function redisOption(value: unknown): RedisConnection {
     }
     if ('cluster' in v) {
       if (!Array.isArray(v.cluster) || v.cluster.length === 0) {
-        throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${describe(v.cluster)}.`);
+        throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${redactUrls(describe(v.cluster))}.`);
       }
       const extra = Object.keys(v).filter((k) => k !== 'cluster' && k !== 'options');
       if (extra.length > 0) {
@@ -590,6 +589,19 @@ function redisOption(value: unknown): RedisConnection {
   );
 }
 
+/** What to write instead of a connection string that is not a redis:// or rediss:// URL (secrets left out). */
+function urlHint(value: string): string {
+  const socket = /^(?:unix:\/\/)?(\/.*)$/i.exec(value)?.[1];
+  if (socket) return ` For a Unix socket give ioredis options: { path: ${JSON.stringify(redactUrls(socket))} }.`;
+  const valkey = /^valkey(s?):\/\//i.exec(value);
+  if (valkey) {
+    const url = `redis${valkey[1].toLowerCase()}://${value.slice(valkey[0].length)}`;
+    return ` Valkey speaks the Redis protocol and ioredis knows only the redis schemes: write "${redactUrls(url)}".`;
+  }
+  if (/^[^:/\s]+:\d+(?:\/\d*)?$/.test(value)) return ` Add the scheme: "redis://${value}".`;
+  return '';
+}
+
 /**
  * Refuses options that ioredis would ignore and then connect to localhost, whatever Redis
  * listens there: `url` and `socket` are node-redis's (`createClient({ url })`), `hostname` is a URL
@@ -613,7 +625,7 @@ function refuseForeignOptions(v: Record<string, unknown>): void {
   if (typeof v.host === 'string' && v.host.includes('://')) {
     throw new LockConfigurationError(
       'redis',
-      `redis: host must be a host name, not a URL; got ${describe(v.host)}. Give the URL itself as redis (redis: ${describe(v.host)}), or its host and port as { host, port }.`,
+      `redis: host must be a host name, not a URL; got ${redactUrls(describe(v.host))}. Give the URL itself as redis (redis: ${redactUrls(describe(v.host))}), or its host and port as { host, port }.`,
     );
   }
 }

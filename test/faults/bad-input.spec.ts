@@ -37,6 +37,8 @@ interface Case {
   outcome: (new (...args: never[]) => Error) | 'no-op';
   /** A fragment the message must contain (what to fix). */
   says?: RegExp;
+  /** A secret given in the input that the message must not repeat (it ends up in logs). */
+  hides?: string;
   run: (ctx: Ctx) => Promise<unknown>;
 }
 interface Ctx {
@@ -228,6 +230,10 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'unknown option, a letter too many', outcome: LockConfigurationError, says: /unknown option "leaseeMs" \(did you mean "leaseMs"\?\)/, run: () => boot({ leaseeMs: 5_000 }) },
   { entry: 'LockModule.forRoot', input: 'keyPrefix longer than 256 characters', outcome: LockConfigurationError, says: /keyPrefix must be at most 256 characters/, run: () => boot({ keyPrefix: 'p'.repeat(257) }) },
   { entry: 'LockModule.forRoot', input: 'redis: a Unix socket path as a string', outcome: LockConfigurationError, says: /got the string "unix:\/\/\/run\/redis.sock". For a Unix socket give ioredis options: \{ path: "\/run\/redis.sock" \}/, run: () => boot({ redis: 'unix:///run/redis.sock' }) },
+  { entry: 'LockModule.forRoot', input: 'redis: a valkey:// URL with a password', outcome: LockConfigurationError, says: /got the string "valkey:\/\/app:\*\*\*@127.0.0.1:1\/2". Valkey speaks the Redis protocol and ioredis knows only the redis schemes: write "redis:\/\/app:\*\*\*@127.0.0.1:1\/2"/, hides: 's3cret', run: () => boot({ redis: 'valkey://app:s3cret@127.0.0.1:1/2' }) },
+  { entry: 'LockModule.forRoot', input: 'redis: a valkeys:// URL (TLS)', outcome: LockConfigurationError, says: /write "rediss:\/\/\*\*\*@127.0.0.1:1"/, hides: 's3cret', run: () => boot({ redis: 'VALKEYS://s3cret@127.0.0.1:1' }) },
+  { entry: 'LockModule.forRoot', input: 'redis: "host:port" without a scheme', outcome: LockConfigurationError, says: /got the string "127.0.0.1:1". Add the scheme: "redis:\/\/127.0.0.1:1"/, run: () => boot({ redis: '127.0.0.1:1' }) },
+  { entry: 'LockModule.forRoot', input: 'redis: a mistyped URL with a password in its query', outcome: LockConfigurationError, says: /got the string "redis:\/127.0.0.1:1\?db=2&password=\*\*\*"/, hides: 's3cret', run: () => boot({ redis: 'redis:/127.0.0.1:1?db=2&password=s3cret' }) },
   { entry: 'LockModule.forRoot', input: 'redis: a node-redis client', outcome: LockConfigurationError, says: /needs an ioredis client/, run: () => boot({ redis: { evalSha: () => 0, isOpen: true } }) },
   { entry: 'LockModule.forRoot', input: 'redis: autoResendUnfulfilledCommands false', outcome: LockConfigurationError, says: /a lock release could wait for ever/, run: () => boot({ redis: { port: 1, autoResendUnfulfilledCommands: false } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, options: { redisOptions: { autoResendUnfulfilledCommands: false } } }', outcome: LockConfigurationError, says: /a lock release could wait for ever/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 1 }], options: { redisOptions: { autoResendUnfulfilledCommands: false } } } }) },
@@ -238,8 +244,10 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: a client given as { url }', outcome: LockConfigurationError, says: /ioredis options have no "url"/, run: () => boot({ redlock: { clients: [{ url: 'redis://127.0.0.1:1' }, 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'] } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { hostname, port } (a URL object\'s name for host)', outcome: LockConfigurationError, says: /redis: ioredis options have no "hostname" \(ioredis calls it host\).*Write \{ host: "127.0.0.1" \}/, run: () => boot({ redis: { hostname: '127.0.0.1', port: 1 } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { host } given a URL', outcome: LockConfigurationError, says: /redis: host must be a host name, not a URL; got "redis:\/\/127.0.0.1:1"/, run: () => boot({ redis: { host: 'redis://127.0.0.1:1' } }) },
+  { entry: 'LockModule.forRoot', input: 'redis: { host } given a URL with a password', outcome: LockConfigurationError, says: /got "redis:\/\/:\*\*\*@127.0.0.1:1"/, hides: 's3cret', run: () => boot({ redis: { host: 'redis://:s3cret@127.0.0.1:1' } }) },
   { entry: 'LockModule.forRoot', input: 'redis: not a client (a Map)', outcome: LockConfigurationError, says: /not an ioredis client/, run: () => boot({ redis: new Map() }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster: [] }', outcome: LockConfigurationError, says: /redis.cluster must be a non-empty array of startup nodes/, run: () => boot({ redis: { cluster: [] } }) },
+  { entry: 'LockModule.forRoot', input: 'redis: { cluster } given one URL with a password', outcome: LockConfigurationError, says: /must be a non-empty array of startup nodes .*; got "redis:\/\/:\*\*\*@127.0.0.1:7000"/, hides: 's3cret', run: () => boot({ redis: { cluster: 'redis://:s3cret@127.0.0.1:7000' } as never }) },
   { entry: 'LockModule.forRoot', input: 'redis: { cluster, host } (a stray field)', outcome: LockConfigurationError, says: /move host into options/, run: () => boot({ redis: { cluster: [{ host: '127.0.0.1', port: 7000 }], host: 'x' } as never }) },
   { entry: 'LockModule.forRoot', input: 'Redis Cluster unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis cluster .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: { cluster: [{ host: '127.0.0.1', port }] }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'replication: { replicas: 0 }', outcome: LockConfigurationError, says: /replication.replicas must be a whole number of replicas from 1/, run: () => boot({ replication: { replicas: 0 } }) },
@@ -260,6 +268,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.6', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.6 } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor 0.5', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5 .*; got 0.5/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: 0.5 } }) },
   { entry: 'LockModule.forRoot', input: 'redlock: driftFactor -0.01', outcome: LockConfigurationError, says: /driftFactor must be a number from 0 to below 0.5 .*; got -0.01/, run: () => boot({ redlock: { clients: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'], driftFactor: -0.01 } }) },
+  { entry: 'LockModule.forRoot', input: 'Redis Cluster unreachable, startup nodes given as URLs with a password', outcome: LockBackendError, says: /no answer from redis cluster redis:\/\/:\*\*\*@127.0.0.1:\d+ within/, hides: 's3cret', run: () => silently(1, ([port]) => boot({ redis: { cluster: [`redis://:s3cret@127.0.0.1:${port}`] }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
   { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async ({ redis }) => { const old = await olderRedisProxy(redis); try { return await boot({ redis: `redis://127.0.0.1:${old.port}` }); } finally { await old.close(); } } },
@@ -291,7 +300,7 @@ const table = () =>
   [
     '| entry point | bad input | outcome |',
     '|---|---|---|',
-    ...cases.map((c) => `| \`${c.entry}\` | ${c.input} | ${c.outcome === 'no-op' ? 'documented no-op' : `\`${c.outcome.name}\``}${c.says ? ` (message: "${c.says.source.replace(/\.\*/g, '…').replace(/\\/g, '').replace(/\|/g, '\\|')}")` : ''} |`),
+    ...cases.map((c) => `| \`${c.entry}\` | ${c.input} | ${c.outcome === 'no-op' ? 'documented no-op' : `\`${c.outcome.name}\``}${c.says ? ` (message: "${c.says.source.replace(/\.\*/g, '…').replace(/\\/g, '').replace(/\|/g, '\\|')}"${c.hides ? `, without "${c.hides}"` : ''})` : ''} |`),
   ].join('\n');
 
 describe('bad input on every public entry point', () => {
@@ -312,6 +321,7 @@ describe('bad input on every public entry point', () => {
       expect(outcome).toBeInstanceOf(c.outcome);
       expect(outcome).toBeInstanceOf(LockError);
       expect((outcome as Error).message).toMatch(c.says!);
+      if (c.hides) expect(`${(outcome as Error).message} ${String((outcome as Error).cause ?? '')}`).not.toContain(c.hides);
     }
     // Another owner's lock is untouched, and nothing is left waiting or renewing for this case.
     expect(await raw.hgetall('lock:{sentinel}')).toEqual(before.hash);

@@ -2,6 +2,7 @@ import type { Cluster, Redis } from 'ioredis';
 import type { AcquireManyResult, AcquireRequest, AcquireResult, Handover, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
 import { ReleaseWaiters } from '../../waiting/release-waiters.js';
 import { now, realNextTick, realTime, withTimeout } from '../../internal/time.js';
+import { redactUrls } from '../../internal/redact.js';
 import {
   ACQUIRE,
   ACQUIRE_FAIR,
@@ -868,7 +869,7 @@ function holderField(owner: string, mode: LockMode): string {
 }
 
 function describeNode(node: unknown): string {
-  if (typeof node === 'string' || typeof node === 'number') return String(node);
+  if (typeof node === 'string' || typeof node === 'number') return redactUrls(String(node));
   const n = node as { host?: string; port?: number };
   return `${n.host ?? '127.0.0.1'}:${n.port ?? 6379}`;
 }
