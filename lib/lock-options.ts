@@ -541,6 +541,7 @@ function redisOption(value: unknown): RedisConnection {
     if (/^rediss?:\/\//i.test(value)) {
       // A URL's scheme is case-insensitive, but ioredis takes only a lower-case "rediss://" as TLS:
       // "REDISS://host" would connect in plain text, password included.
+      refuseBadUrl(value);
       return value.replace(/^rediss?:/i, (scheme) => scheme.toLowerCase());
     }
     throw new LockConfigurationError(
@@ -559,7 +560,10 @@ function redisOption(value: unknown): RedisConnection {
     }
     if ('cluster' in v) {
       if (!Array.isArray(v.cluster) || v.cluster.length === 0) {
-        throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${redactUrls(describe(v.cluster))}.`);
+        throw new LockConfigurationError('redis', `redis.cluster must be a non-empty array of startup nodes ({ host, port } or "host:port"); got ${describeRedacted(v.cluster)}.`);
+      }
+      for (const node of v.cluster) {
+        if (typeof node === 'object' && node !== null) refuseBadEndpoint(node as Record<string, unknown>, 'a redis.cluster startup node');
       }
       const extra = Object.keys(v).filter((k) => k !== 'cluster' && k !== 'options');
       if (extra.length > 0) {
@@ -581,12 +585,47 @@ function redisOption(value: unknown): RedisConnection {
       );
     }
     refuseForeignOptions(v);
+    if (Array.isArray(v.sentinels)) {
+      for (const node of v.sentinels) {
+        if (typeof node === 'object' && node !== null) refuseBadEndpoint(node as Record<string, unknown>, 'a redis.sentinels entry');
+      }
+    } else if (v.path === undefined) refuseBadEndpoint(v, 'redis');
     return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options with');
   }
   throw new LockConfigurationError(
     'redis',
     `redis must be a redis:// URL, ioredis options, or an ioredis client; got ${describe(value)}.`,
   );
+}
+
+/**
+ * Refuses a redis:// URL that ioredis 6 throws on (Node's "Invalid URL", with the URL, password
+ * included, in the error's input) and ioredis 5.9 reads differently: a password with a `#`, `/` or
+ * `?` that is not percent-encoded cuts the URL short, and ioredis 5.9 connected to localhost:6379. And one that names no host (`redis://`, an empty variable in
+ * `redis://${host}`), which ioredis connects to localhost:6379.
+ */
+function refuseBadUrl(value: string): void {
+  const shown = `"${redactUrls(value)}"`;
+  let url: URL;
+  try {
+    url = new URL(value);
+    decodeURIComponent(url.username);
+    decodeURIComponent(url.password);
+  } catch {
+    throw new LockConfigurationError(
+      'redis',
+      `redis: the URL ${shown} does not parse. Percent-encode the user name and password (encodeURIComponent): a #, /, ? or % in them cuts the URL short. A port is a number from 1 to 65535.`,
+    );
+  }
+  if (url.hostname === '') {
+    throw new LockConfigurationError(
+      'redis',
+      `redis: the URL ${shown} names no host, and ioredis would connect to localhost:6379 (an environment variable set to nothing?). Write the host, or leave redis out for redis://127.0.0.1:6379.`,
+    );
+  }
+  if (url.port !== '' && !isPort(url.port)) {
+    throw new LockConfigurationError('redis', `redis: the URL ${shown} has port ${url.port}; a port is a number from 1 to 65535.`);
+  }
 }
 
 /** What to write instead of a connection string that is not a redis:// or rediss:// URL (secrets left out). */
@@ -600,6 +639,35 @@ function urlHint(value: string): string {
   }
   if (/^[^:/\s]+:\d+(?:\/\d*)?$/.test(value)) return ` Add the scheme: "redis://${value}".`;
   return '';
+}
+
+/**
+ * Refuses a host and port no connection can be made with, as environment variables read without a
+ * check give them: `Number(process.env.REDIS_PORT)` of an unset variable is NaN, and Node then
+ * refuses the connection, which ioredis tries again until the connectTimeoutMs deadline; an empty
+ * `REDIS_HOST` makes an empty host, which Node takes for localhost.
+ */
+function refuseBadEndpoint(o: Record<string, unknown>, where: string): void {
+  const { host, port } = o;
+  if (port !== undefined && !isPort(port)) {
+    throw new LockConfigurationError(
+      'redis',
+      `${where}: port must be a whole number from 1 to 65535 (a string of digits is read as one); got ${describe(port)}. ` +
+        'Number() of an environment variable that is not set gives NaN; leave port out for 6379.',
+    );
+  }
+  if (host !== undefined && (typeof host !== 'string' || host.trim() === '')) {
+    throw new LockConfigurationError(
+      'redis',
+      `${where}: host must be a host name or an address; got ${describe(host)}.` +
+        (host === '' || typeof host === 'string' ? ' ioredis would connect to localhost instead (an environment variable set to nothing?); leave host out for localhost.' : ''),
+    );
+  }
+}
+
+function isPort(port: unknown): boolean {
+  const n = typeof port === 'string' && /^\d{1,5}$/.test(port) ? Number(port) : port;
+  return typeof n === 'number' && Number.isInteger(n) && n >= 1 && n <= 65_535;
 }
 
 /**
@@ -625,7 +693,7 @@ function refuseForeignOptions(v: Record<string, unknown>): void {
   if (typeof v.host === 'string' && v.host.includes('://')) {
     throw new LockConfigurationError(
       'redis',
-      `redis: host must be a host name, not a URL; got ${redactUrls(describe(v.host))}. Give the URL itself as redis (redis: ${redactUrls(describe(v.host))}), or its host and port as { host, port }.`,
+      `redis: host must be a host name, not a URL; got ${describeRedacted(v.host)}. Give the URL itself as redis (redis: ${describeRedacted(v.host)}), or its host and port as { host, port }.`,
     );
   }
 }
@@ -745,6 +813,11 @@ function closeTo(a: string, b: string): boolean {
 }
 
 /** A short, safe description of a bad value for an error message. */
+/** describe() of a value that may be a connection string: its secrets hidden before it is shortened. */
+function describeRedacted(value: unknown): string {
+  return describe(typeof value === 'string' ? redactUrls(value) : value);
+}
+
 export function describe(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 80 ? value.slice(0, 80) + '…' : value);
