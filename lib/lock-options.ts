@@ -585,11 +585,8 @@ function redisOption(value: unknown): RedisConnection {
       );
     }
     refuseForeignOptions(v);
-    if (Array.isArray(v.sentinels)) {
-      for (const node of v.sentinels) {
-        if (typeof node === 'object' && node !== null) refuseBadEndpoint(node as Record<string, unknown>, 'a redis.sentinels entry');
-      }
-    } else if (v.path === undefined) refuseBadEndpoint(v, 'redis');
+    if (v.sentinels !== undefined && v.sentinels !== null) refuseBadSentinels(v);
+    else if (v.path === undefined) refuseBadEndpoint(v, 'redis');
     return resendsUnanswered(value as RedisOptions, v.autoResendUnfulfilledCommands, 'ioredis options with');
   }
   throw new LockConfigurationError(
@@ -662,6 +659,26 @@ function refuseBadEndpoint(o: Record<string, unknown>, where: string): void {
       `${where}: host must be a host name or an address; got ${describe(host)}.` +
         (host === '' || typeof host === 'string' ? ' ioredis would connect to localhost instead (an environment variable set to nothing?); leave host out for localhost.' : ''),
     );
+  }
+}
+
+/**
+ * Refuses Sentinel options that ioredis throws on when nestjs-locked creates the client at bootstrap
+ * (no `name`, no sentinels: a plain `Error`), or reads as something else: a list in one string, as
+ * an environment variable holds it, or an entry that is not `{ host, port }`.
+ */
+function refuseBadSentinels(v: Record<string, unknown>): void {
+  const { sentinels, name } = v;
+  if (!Array.isArray(sentinels) || sentinels.length === 0 || sentinels.some((s) => typeof s !== 'object' || s === null || Array.isArray(s))) {
+    throw new LockConfigurationError(
+      'redis',
+      `redis.sentinels must be a non-empty array of { host, port } objects; got ${Array.isArray(sentinels) ? (sentinels.length === 0 ? 'an empty array' : 'an array with an entry that is not an object') : describeRedacted(sentinels)}. ` +
+        'Split a list such as "host1:26379,host2:26379" into [{ host: "host1", port: 26379 }, { host: "host2", port: 26379 }].',
+    );
+  }
+  for (const node of sentinels) refuseBadEndpoint(node as Record<string, unknown>, 'a redis.sentinels entry');
+  if (typeof name !== 'string' || name === '') {
+    throw new LockConfigurationError('redis', `redis: with sentinels, name must be the name of the master the sentinels monitor (mymaster in sentinel.conf, say); got ${describe(name)}.`);
   }
 }
 
