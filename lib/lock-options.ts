@@ -680,6 +680,9 @@ function refuseBadSentinels(v: Record<string, unknown>): void {
   if (typeof name !== 'string' || name === '') {
     throw new LockConfigurationError('redis', `redis: with sentinels, name must be the name of the master the sentinels monitor (mymaster in sentinel.conf, say); got ${describe(name)}.`);
   }
+  if (v.role !== undefined && v.role !== 'master') {
+    throw new LockConfigurationError('redis', `redis: with sentinels, role must be 'master' (or left out); got ${describe(v.role)}. ioredis would connect to a replica, which refuses the writes every lock step makes.`);
+  }
 }
 
 function isPort(port: unknown): boolean {

@@ -543,7 +543,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, 0);
         return { name: store.description.replace(/^redis /, ''), store };
       });
-      return new RedlockStore(nodes, redlock.driftFactor, stepTimeoutMs);
+      return new RedlockStore(nodes, redlock.driftFactor, stepTimeoutMs, log);
     }
     // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
     const { client, owned } = this.lockConnection(redis);

@@ -75,6 +75,15 @@ const closedClientAcquire = async (redis: RedisServer) => {
     await moduleRef.close();
   }
 };
+/** Boots on a replica of `redis` started with `args`, stopped whatever the outcome. */
+const replicaBoot = async (redis: RedisServer, args: string[] = []) => {
+  const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(redis.port), ...args]);
+  try {
+    return await boot({ redis: replica.url });
+  } finally {
+    await replica.stop();
+  }
+};
 /** A LockOptionsFactory that forgot to return its options. */
 class NoOptions implements LockOptionsFactory {
   createLockOptions(): LockModuleOptions {
@@ -245,6 +254,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redis: { host: "" } (an empty variable)', outcome: LockConfigurationError, says: /redis: host must be a host name or an address; got "". ioredis would connect to localhost instead/, run: () => boot({ redis: { host: '', port: 1 } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { sentinels } with a port NaN', outcome: LockConfigurationError, says: /a redis.sentinels entry: port must be .*; got NaN/, run: () => boot({ redis: { sentinels: [{ host: '127.0.0.1', port: Number.NaN }], name: 'mymaster' } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { sentinels } without name', outcome: LockConfigurationError, says: /redis: with sentinels, name must be the name of the master the sentinels monitor .*; got undefined/, run: () => boot({ redis: { sentinels: [{ host: '127.0.0.1', port: 1 }] } }) },
+  { entry: 'LockModule.forRoot', input: "redis: { sentinels, name, role: 'slave' } (a replica)", outcome: LockConfigurationError, says: /redis: with sentinels, role must be 'master' \(or left out\); got "slave". ioredis would connect to a replica/, run: () => boot({ redis: { sentinels: [{ host: '127.0.0.1', port: 1 }], name: 'mymaster', role: 'slave' } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { sentinels: [] }', outcome: LockConfigurationError, says: /redis.sentinels must be a non-empty array of \{ host, port \} objects; got an empty array/, run: () => boot({ redis: { sentinels: [], name: 'mymaster' } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { sentinels } as one string (an environment variable)', outcome: LockConfigurationError, says: /redis.sentinels must be .*; got "127.0.0.1:1,127.0.0.1:2". Split a list/, run: () => boot({ redis: { sentinels: '127.0.0.1:1,127.0.0.1:2' as never, name: 'mymaster' } }) },
   { entry: 'LockModule.forRoot', input: 'redis: { sentinels } with "host:port" strings', outcome: LockConfigurationError, says: /redis.sentinels must be .*; got an array with an entry that is not an object/, run: () => boot({ redis: { sentinels: ['127.0.0.1:1'] as never, name: 'mymaster' } }) },
@@ -289,6 +299,8 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
   { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async ({ redis }) => { const old = await olderRedisProxy(redis); try { return await boot({ redis: `redis://127.0.0.1:${old.port}` }); } finally { await old.close(); } } },
+  { entry: 'LockModule.forRoot', input: 'redis: a read-only replica', outcome: LockConfigurationError, says: /redis 127.0.0.1:\d+ is a replica of 127.0.0.1:\d+: every lock step writes, which a read-only replica refuses \(READONLY\).* Point redis at the master/, run: ({ redis }) => replicaBoot(redis) },
+  { entry: 'LockModule.forRoot', input: 'redis: a writable replica (replica-read-only no)', outcome: LockConfigurationError, says: /is a replica of 127.0.0.1:\d+: .*a writable one keeps to itself, unseen by its master/, run: ({ redis }) => replicaBoot(redis, ['--replica-read-only', 'no']) },
   { entry: 'LockModule.forRoot', input: 'redis: a wrong password', outcome: LockBackendError, says: /the connection failed with: WRONGPASS invalid username-password pair/, run: ({ redis }) => boot({ redis: `redis://nobody:wrong-password@127.0.0.1:${redis.port}`, connectTimeoutMs: 1_000 }) },
   // Redis errors
   { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },

@@ -160,6 +160,33 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it.each([
+    ['before the quorum (the two masters paused)', 'masters'],
+    ['after the quorum (the replica paused)', 'replica'],
+  ] as const)('starts with a replica among its nodes on the other two, and warns that the replica is no node (it would refuse every write); the replica answering %s', async (_when, paused) => {
+    const replica = await RedisServer.start(['--replicaof', '127.0.0.1', String(nodes[0]!.port)]);
+    let started: LockApp | undefined;
+    try {
+      // CLIENT PAUSE holds the bootstrap checks of the servers paused for 300 ms, so the others answer first.
+      for (const server of paused === 'masters' ? [nodes[0]!, nodes[1]!] : [replica]) await server.client().call('CLIENT', 'PAUSE', '300', 'ALL');
+      started = await startLockApp({ redlock: { clients: [nodes[0]!.url, nodes[1]!.url, replica.url] } });
+      const app = started;
+      // After the quorum bootstrap does not wait for the replica's check: the warning comes when it answers.
+      await until(async () => app.logger.at('warn').some((m) => m.includes('is a replica')), 5_000, 'no warning about the replica');
+      expect(app.logger.at('warn').filter((m) => m.includes('is a replica'))).toEqual([
+        expect.stringMatching(
+          new RegExp(`^redis 127\\.0\\.0\\.1:${replica.port} is a replica of 127\\.0\\.0\\.1:${nodes[0]!.port}: .* Redlock went on without this node: locks need 2 of 3 nodes, and have one node fewer to spare until it is fixed\\.$`),
+        ) as unknown as string,
+      ]);
+      const lock = await app.locks.acquire('rl:with-replica');
+      expect(await holders('rl:with-replica')).toEqual([lock.owner, lock.owner]);
+      await lock.release();
+    } finally {
+      await started?.close();
+      await replica.stop();
+    }
+  });
+
   it("fails bootstrap at once, naming each node's ended connection, when every node's connection ends for good (retryStrategy gave up)", async () => {
     const silent = await Promise.all([0, 1, 2].map(() => silentPort()));
     try {

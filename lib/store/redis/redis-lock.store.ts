@@ -273,7 +273,26 @@ export class RedisLockStore implements LockStore {
   private bootstrapChecks(masters: Redis[]): Promise<void>[] {
     if (this.checked) return [];
     this.checked = true;
-    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node)])];
+    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node), this.checkRole(node)])];
+  }
+
+  /**
+   * Refuses a replica named as the server that holds the locks: every lock step writes, which a
+   * read-only replica refuses (READONLY, on every acquisition) and a writable one keeps to itself,
+   * unseen by its master and the other applications. Sentinel is left alone: ioredis asks the
+   * sentinels for the master and checks it, and a failover in progress is theirs to finish. A
+   * Cluster's nodes here are its masters. INFO refused (an ACL) is let through.
+   */
+  private async checkRole(node: Redis): Promise<void> {
+    if (this.cluster || (node.options.sentinels?.length ?? 0) > 0) return;
+    const info = await this.info(node, 'replication');
+    if (info === undefined || !/^role:slave\b/m.test(info)) return;
+    const master = `${/^master_host:(\S+)/m.exec(info)?.[1] ?? '?'}:${/^master_port:(\d+)/m.exec(info)?.[1] ?? '?'}`;
+    throw new LockConfigurationError(
+      'redis',
+      `${this.nodeName(node)} is a replica of ${master}: every lock step writes, which a read-only replica refuses (READONLY) and a writable one keeps to itself, unseen by its master. ` +
+        'Point redis at the master, or give Sentinel options (sentinels, name) to follow failovers.',
+    );
   }
 
   /**

@@ -1,5 +1,6 @@
 import type { AcquireRequest, AcquireResult, HoldsHere, LockMode, LockState, LockStore, ReleaseWatch, RenewRequest, TakeAlong } from '../lock-store.js';
-import type { RedisLockStore } from '../redis/redis-lock.store.js';
+import type { RedisLockStore, StoreLogger } from '../redis/redis-lock.store.js';
+import { LockConfigurationError } from '../../errors/lock-configuration.error.js';
 import { LockQuorumError, type RedlockVote } from '../../errors/lock-quorum.error.js';
 import { now, realTime, withTimeout } from '../../internal/time.js';
 import { heldLockId } from '../../held-lock.js';
@@ -60,6 +61,7 @@ export class RedlockStore implements LockStore {
     readonly driftFactor: number,
     /** How long steps without a lease (inspect, release, force-unlock, abandon) wait for a node: the module's stepTimeoutMs. */
     private readonly stepTimeoutMs: number,
+    private readonly log?: StoreLogger,
   ) {
     this.quorum = Math.floor(nodes.length / 2) + 1;
     this.unanswered = nodes.map(() => new Map());
@@ -70,11 +72,18 @@ export class RedlockStore implements LockStore {
     for (const node of this.nodes) node.store.connect();
   }
 
-  /** Ready once a quorum of nodes answered and loaded the scripts; the others join when they come up. */
+  /**
+   * Ready once a quorum of nodes answered and loaded the scripts; the others join when they come up.
+   * A node that failed a bootstrap check (a replica, a Redis older than 6.2, a closed client) will
+   * not come up by itself: it is warned about, whether it answered before the quorum or after.
+   */
   async ready(timeoutMs: number): Promise<void> {
     const answers: Answer<void>[] = new Array(this.nodes.length);
     let ok = 0;
     let settled = 0;
+    const misconfigured: string[] = [];
+    const warn = (text: string) =>
+      this.log?.warn(`${text} Redlock went on without this node: locks need ${this.quorum} of ${this.nodes.length} nodes, and have one node fewer to spare until it is fixed.`);
     await new Promise<void>((resolve, reject) => {
       const timer = realTime.setTimeout(() => reject(this.quorumError('bootstrap', '', answers)), timeoutMs);
       timer.unref();
@@ -84,11 +93,15 @@ export class RedlockStore implements LockStore {
             answers[i] = { ok: true, value: undefined };
             if (++ok === this.quorum) {
               realTime.clearTimeout(timer);
+              misconfigured.splice(0).forEach(warn);
               resolve();
             }
           },
           (e: unknown) => {
             answers[i] = { ok: false, error: message(e) };
+            if (!(e instanceof LockConfigurationError)) return;
+            if (ok >= this.quorum) warn(e.message);
+            else misconfigured.push(e.message);
           },
         ).finally(() => {
           if (++settled === this.nodes.length && ok < this.quorum) {
