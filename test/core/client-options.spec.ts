@@ -306,6 +306,64 @@ describe("a client with ioredis's enableAutoPipelining", () => {
 // BullMQ asks for maxRetriesPerRequest: null on its connections, so teams that share one with
 // nestjs-locked have commands that wait in ioredis's offline queue for as long as Redis is away,
 // instead of failing after a few reconnection attempts.
+// ioredis's stringNumbers gives every integer reply as a string (for integers past 2^53): the
+// scripts' hold counts, lease times and fencing tokens come back as strings.
+describe("a client with ioredis's stringNumbers", () => {
+  const server = usePrivateServer();
+  let raw: Redis;
+  let app: LockApp;
+  let other: LockApp;
+
+  beforeAll(async () => {
+    raw = server.redis.shared();
+    app = await server.app({ redis: server.client({ stringNumbers: true }) });
+    other = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, stringNumbers: true } });
+  });
+
+  it('counts holds, reads lease times and orders fencing tokens as numbers', async () => {
+    await lockEachWay(app.locks, 'sn:each');
+    const first = await app.locks.acquire('sn:one', { leaseMs: 5_000 });
+    const inner = await first.run(() => app.locks.acquire('sn:one'));
+    expect([first.holdCount, inner.holdCount, await first.run(() => app.locks.holdCount('sn:one'))]).toEqual([1, 2, 2]);
+    const ttl = await app.locks.remainingTtl('sn:one');
+    expect(typeof ttl).toBe('number');
+    expect(ttl).toBeGreaterThan(4_000);
+    await first.extend(60_000);
+    expect(await app.locks.remainingTtl('sn:one')).toBeGreaterThan(50_000);
+    await inner.release();
+    expect(await first.run(() => app.locks.holdCount('sn:one'))).toBe(1);
+    await expect(other.locks.acquire('sn:one', { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    await first.release();
+    const next = await other.locks.acquire('sn:one');
+    expect(typeof next.fencingToken).toBe('number');
+    expect(next.fencingToken).toBeGreaterThan(first.fencingToken);
+    await next.release();
+    // Several keys at once, one of them held: the script's refusal is read as one.
+    const blocking = await other.locks.acquire('sn:b');
+    await expect(app.locks.acquire(['sn:a', 'sn:b'], { waitMs: 0 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+    await blocking.release();
+    const group = await app.locks.acquire(['sn:a', 'sn:b']);
+    expect(Object.values(group.fencingTokens).every((t) => typeof t === 'number' && t > next.fencingToken)).toBe(true);
+    await group.release();
+    expect(await locksIn(raw)).toEqual([]);
+  });
+
+  it('renews: a 600 ms lease stays held across renewals', async () => {
+    const renewed = nextEvents(app.locks.events$, 'renewed', 3);
+    const held = await app.locks.acquire('sn:renew', { leaseMs: 600, watchdog: true });
+    await renewed;
+    expect(held.signal.aborted).toBe(false);
+    expect(await raw.pttl('lock:{sn:renew}')).toBeGreaterThan(0);
+    await held.release();
+  });
+
+  it('wakes a waiter of another process with the release message, and hands a fair lock over', async () => {
+    const holder = await app.locks.acquire('sn:wake', { leaseMs: 120_000 });
+    await wokenBy(() => holder.release(), other, 'sn:wake');
+    await fairHandover(other, app, 'sn:fair', raw);
+  });
+});
+
 describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Redis is down', () => {
   const server = usePrivateServer();
   let client: Redis;
