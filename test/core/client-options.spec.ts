@@ -364,6 +364,38 @@ describe("a client with ioredis's stringNumbers", () => {
   });
 });
 
+// ioredis 6 speaks RESP3 by default (the suite's other runs on ioredis 6), ioredis 5 RESP2 (the
+// Nest 11 floor run). These are the two choices an ioredis 6 application can make against that
+// default: RESP2, or RESP3 with its own reply types (maps as objects, doubles as numbers). ioredis 5
+// ignores both options, so there they run as on its RESP2.
+describe.each([
+  ['protocol: 2 (RESP2 on ioredis 6)', { protocol: 2 }],
+  ["replyMapping: 'resp3'", { protocol: 3, replyMapping: 'resp3' }],
+])('a client with ioredis 6 %s', (_name, protocol) => {
+  const server = usePrivateServer();
+  let raw: Redis;
+  let app: LockApp;
+  let other: LockApp;
+
+  beforeAll(async () => {
+    raw = server.redis.shared();
+    app = await server.app({ redis: server.client(protocol as RedisOptions) });
+    other = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, ...protocol } as RedisOptions });
+  });
+
+  it('takes locks each way, re-enters, renews, wakes a waiter of the other app and hands a fair lock over', async () => {
+    await lockEachWay(app.locks, 'rp:each');
+    const renewed = nextEvents(app.locks.events$, 'renewed', 2);
+    const first = await app.locks.acquire('rp:one', { leaseMs: 600, watchdog: true });
+    expect((await first.run(() => app.locks.acquire('rp:one'))).holdCount).toBe(2);
+    await renewed;
+    expect(await app.locks.remainingTtl('rp:one')).toBeGreaterThan(0);
+    await wokenBy(() => first.run(() => app.locks.forceUnlock('rp:one')), other, 'rp:one');
+    await fairHandover(other, app, 'rp:fair', raw);
+    expect(await locksIn(raw)).toEqual([]);
+  });
+});
+
 describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Redis is down', () => {
   const server = usePrivateServer();
   let client: Redis;
