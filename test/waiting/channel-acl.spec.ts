@@ -112,6 +112,33 @@ describe('a Redis ACL user without the lock channels', () => {
     }
   });
 
+  it('warns at bootstrap when Redis has no PUBLISH (rename-command PUBLISH ""), and a waiter of another process takes the lock within the holder\'s lease', async () => {
+    const renamed = await RedisServer.start(['--rename-command', 'PUBLISH', '']);
+    const holders = await startLockApp({ redis: renamed.url, leaseMs: 1_000 });
+    const waiters = await startLockApp({ redis: renamed.url });
+    try {
+      for (const app of [holders, waiters]) {
+        expect(app.logger.at('warn')).toEqual([
+          expect.stringMatching(
+            /refused a publish on a lock channel \(.*[Uu]nknown .*command.*\)\. Locks still work, but a release cannot wake waiters.*Give the locks a Redis that lets scripts run PUBLISH \(it is renamed or disabled here, or a proxy in between does not pass it on\)\.$/,
+          ),
+        ]);
+      }
+      const holder = await holders.locks.acquire('renamed:publish');
+      const waiting = waiters.locks.acquire('renamed:publish', { waitMs: 30_000 });
+      await until(async () => (await subscribers(renamed.shared(), 'renamed:publish')) === 1, 10_000, 'the waiter never subscribed');
+      await holder.release();
+      expect(await renamed.shared().exists('lock:{renamed:publish}')).toBe(0);
+      const lock = await waiting;
+      await lock.release();
+      expect(holders.logger.at('error')).toEqual([]);
+    } finally {
+      await holders.close();
+      await waiters.close();
+      await renamed.stop();
+    }
+  });
+
   it('gives no warning to a user granted &lock:*, whose release wakes a waiter of another process by message', async () => {
     const waiters = await startLockApp({ redis: redis.url });
     try {

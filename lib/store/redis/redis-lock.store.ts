@@ -326,13 +326,17 @@ export class RedisLockStore implements LockStore {
       await scripts.publishCheck.run(this.client, [channel], [this.publish, channel]);
     } catch (error) {
       const text = error instanceof Error ? error.message : String(error);
-      if (!/NOPERM|channel/i.test(text)) {
+      const acl = /NOPERM|channel/i.test(text);
+      // Anything but Redis's own refusal (a connection that dropped meanwhile) says nothing about publishing.
+      if (!acl && (error as Error | undefined)?.name !== 'ReplyError') {
         this.log.debug(`could not check that releases may publish on ${this.description}: ${text}`);
         return;
       }
       this.log.warn(
         `${this.description} refused a publish on a lock channel (${text.split('\n')[0]}). Locks still work, but a release cannot wake waiters: those of other processes retry only when the holder's lease (as they last saw it) runs out. ` +
-          `Allow this connection's Redis user the lock channels, for example ACL SETUSER <user> &${this.prefix}* (Redis 7 and later, and Valkey, give users created with ACL SETUSER no channels unless acl-pubsub-default is allchannels).`,
+          (acl
+            ? `Allow this connection's Redis user the lock channels, for example ACL SETUSER <user> &${this.prefix}* (Redis 7 and later, and Valkey, give users created with ACL SETUSER no channels unless acl-pubsub-default is allchannels).`
+            : `Give the locks a Redis that lets scripts run ${this.publish.toUpperCase()} (it is renamed or disabled here, or a proxy in between does not pass it on).`),
       );
     }
   }
