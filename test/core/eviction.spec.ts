@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { LockBackendError, LockLostError } from '../../lib/index.js';
-import { aborted, startLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, bootstrapFailure, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { commandCalls, RedisServer } from '../support/redis-server.js';
 
 /** Writes 10 kB strings without expiry until Redis refuses one for memory; returns the error. */
@@ -117,6 +117,7 @@ describe('a Redis user that may not run INFO (an ACL)', () => {
           expect.arrayContaining([
             expect.stringMatching(/^could not read INFO server of redis 127\.0\.0\.1:\d+: .*NOPERM/),
             expect.stringMatching(/^could not read INFO memory of redis 127\.0\.0\.1:\d+: .*NOPERM/),
+            expect.stringMatching(/^could not read INFO replication of redis 127\.0\.0\.1:\d+: .*NOPERM/),
           ]),
         );
         expect(await app.locks.run('no-info', async (lock) => lock.holdCount)).toBe(1);
@@ -125,6 +126,34 @@ describe('a Redis user that may not run INFO (an ACL)', () => {
       }
     } finally {
       await redis.stop();
+    }
+  });
+});
+
+describe('a Redis without INFO (rename-command INFO "")', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await RedisServer.start(['--rename-command', 'INFO', '']);
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it("fails bootstrap naming ioredis's ready check, which sends INFO, and the option that turns it off", async () => {
+    const failure = await bootstrapFailure(() => startLockApp({ redis: redis.url, connectTimeoutMs: 1_000 }));
+    expect(failure).toBeInstanceOf(LockBackendError);
+    expect((failure as Error).message).toMatch(
+      /no answer from redis 127\.0\.0\.1:\d+ within 1000 ms; the connection failed with: ERR unknown command 'info'.*\. ioredis checks that a connection is ready with INFO, which this Redis does not have \(renamed or disabled\): give ioredis options with enableReadyCheck: false/,
+    );
+  });
+
+  it('starts with enableReadyCheck: false, without the checks that read INFO, and takes locks', async () => {
+    const app = await startLockApp({ redis: { host: '127.0.0.1', port: redis.port, enableReadyCheck: false } });
+    try {
+      expect(app.logger.at('debug')).toEqual(expect.arrayContaining([expect.stringMatching(/^could not read INFO server of redis 127\.0\.0\.1:\d+: .*unknown command/)]));
+      expect(await app.locks.run('no-info-command', async (lock) => lock.holdCount)).toBe(1);
+    } finally {
+      await app.close();
     }
   });
 });

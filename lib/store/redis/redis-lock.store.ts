@@ -158,7 +158,7 @@ export class RedisLockStore implements LockStore {
     const failed = (e: Error) => (lastError = e.message);
     this.client.on('error', failed);
     try {
-      await withTimeout(this.prepare(), timeoutMs, () => new Error(`no answer from ${this.description} within ${timeoutMs} ms${lastError === undefined ? '' : `; the connection failed with: ${lastError}`}`));
+      await withTimeout(this.prepare(), timeoutMs, () => new Error(`no answer from ${this.description} within ${timeoutMs} ms${lastError === undefined ? '' : `; the connection failed with: ${lastError}${readyCheckHint(lastError)}`}`));
     } finally {
       this.client.off('error', failed);
     }
@@ -889,6 +889,16 @@ function stepKey(name: string, field: string): string {
 /** The hash field that holds `owner`'s holds in `mode` (see lock.scripts.ts). */
 function holderField(owner: string, mode: LockMode): string {
   return mode === 'read' ? `${owner}:read` : owner;
+}
+
+/**
+ * ioredis's ready check sends INFO, and keeps failing the connection on a Redis that has no INFO
+ * (renamed or disabled; an ACL's NOPERM ioredis lets through): say how to turn the check off.
+ */
+function readyCheckHint(error: string): string {
+  return /unknown command [`'"]?info\b/i.test(error)
+    ? '. ioredis checks that a connection is ready with INFO, which this Redis does not have (renamed or disabled): give ioredis options with enableReadyCheck: false'
+    : '';
 }
 
 function describeNode(node: unknown): string {
