@@ -44,6 +44,12 @@ function usePrivateServer() {
       apps.push(app);
       return app;
     },
+    /** Two applications with the same ioredis options: on a client passed in, made with them, and given them as options. */
+    async pair(options: RedisOptions): Promise<{ raw: Redis; passed: LockApp; built: LockApp }> {
+      const passed = await this.app({ redis: this.client(options) });
+      const built = await this.app({ redis: { host: '127.0.0.1', port: redis!.port, ...options } });
+      return { raw: redis!.shared(), passed, built };
+    },
   };
 }
 
@@ -56,6 +62,16 @@ async function locksIn(client: Redis): Promise<string[]> {
  * `holderApp` holds `key` in fair mode while a fair waiter of `waiterApp` queues and registers; the
  * release hands the lock to that waiter. `prefix`: the ioredis keyPrefix of the names in `raw`'s view.
  */
+/** A watchdog lock with a lease of `leaseMs` stays held across 3 renewals, its Redis name (`name`) still there. */
+async function staysHeldAcrossRenewals(app: LockApp, key: string, leaseMs: number, raw: Redis, name: string): Promise<void> {
+  const renewed = nextEvents(app.locks.events$, 'renewed', 3);
+  const held = await app.locks.acquire(key, { leaseMs, watchdog: true });
+  await renewed;
+  expect(held.signal.aborted).toBe(false);
+  expect(await raw.pttl(name)).toBeGreaterThan(0);
+  await held.release();
+}
+
 async function fairHandover(holderApp: LockApp, waiterApp: LockApp, key: string, raw: Redis, prefix = ''): Promise<void> {
   const holder = await holderApp.locks.acquire(key, { fair: true });
   const waiting = waiterApp.locks.acquire(key, { fair: true, waitMs: 10_000 });
@@ -103,10 +119,8 @@ describe("a client with ioredis's own keyPrefix", () => {
   let built: LockApp;
 
   beforeAll(async () => {
-    raw = server.redis.shared();
-    passed = await server.app({ redis: server.client({ keyPrefix: 'app:' }) });
-    // The same prefix given as ioredis options: the module makes its own connection with it.
-    built = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, keyPrefix: 'app:' } });
+    // The same prefix given as ioredis options too: the module makes its own connection with it.
+    ({ raw, passed, built } = await server.pair({ keyPrefix: 'app:' }));
   });
 
   it('writes every name under the prefix and leaves nothing behind, each way a lock is taken', async () => {
@@ -143,12 +157,7 @@ describe("a client with ioredis's own keyPrefix", () => {
   });
 
   it('renews through the prefix: a 1.5 s lease stays held across renewals', async () => {
-    const renewed = nextEvents(passed.locks.events$, 'renewed', 3);
-    const held = await passed.locks.acquire('p:renew', { leaseMs: 1_500, watchdog: true });
-    await renewed;
-    expect(held.signal.aborted).toBe(false);
-    expect(await raw.pttl('app:lock:{p:renew}')).toBeGreaterThan(0);
-    await held.release();
+    await staysHeldAcrossRenewals(passed, 'p:renew', 1_500, raw, 'app:lock:{p:renew}');
   });
 
   it('force-unlocks through the prefix from another process: its waiter is woken, the holder told at its next renewal', async () => {
@@ -303,9 +312,6 @@ describe("a client with ioredis's enableAutoPipelining", () => {
   });
 });
 
-// BullMQ asks for maxRetriesPerRequest: null on its connections, so teams that share one with
-// nestjs-locked have commands that wait in ioredis's offline queue for as long as Redis is away,
-// instead of failing after a few reconnection attempts.
 // ioredis's stringNumbers gives every integer reply as a string (for integers past 2^53): the
 // scripts' hold counts, lease times and fencing tokens come back as strings.
 describe("a client with ioredis's stringNumbers", () => {
@@ -315,9 +321,7 @@ describe("a client with ioredis's stringNumbers", () => {
   let other: LockApp;
 
   beforeAll(async () => {
-    raw = server.redis.shared();
-    app = await server.app({ redis: server.client({ stringNumbers: true }) });
-    other = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, stringNumbers: true } });
+    ({ raw, passed: app, built: other } = await server.pair({ stringNumbers: true }));
   });
 
   it('counts holds, reads lease times and orders fencing tokens as numbers', async () => {
@@ -349,12 +353,7 @@ describe("a client with ioredis's stringNumbers", () => {
   });
 
   it('renews: a 600 ms lease stays held across renewals', async () => {
-    const renewed = nextEvents(app.locks.events$, 'renewed', 3);
-    const held = await app.locks.acquire('sn:renew', { leaseMs: 600, watchdog: true });
-    await renewed;
-    expect(held.signal.aborted).toBe(false);
-    expect(await raw.pttl('lock:{sn:renew}')).toBeGreaterThan(0);
-    await held.release();
+    await staysHeldAcrossRenewals(app, 'sn:renew', 600, raw, 'lock:{sn:renew}');
   });
 
   it('wakes a waiter of another process with the release message, and hands a fair lock over', async () => {
@@ -378,9 +377,7 @@ describe.each([
   let other: LockApp;
 
   beforeAll(async () => {
-    raw = server.redis.shared();
-    app = await server.app({ redis: server.client(protocol as RedisOptions) });
-    other = await server.app({ redis: { host: '127.0.0.1', port: server.redis.port, ...protocol } as RedisOptions });
+    ({ raw, passed: app, built: other } = await server.pair(protocol as RedisOptions));
   });
 
   it('takes locks each way, re-enters, renews, wakes a waiter of the other app and hands a fair lock over', async () => {
@@ -396,6 +393,9 @@ describe.each([
   });
 });
 
+// BullMQ asks for maxRetriesPerRequest: null on its connections, so teams that share one with
+// nestjs-locked have commands that wait in ioredis's offline queue for as long as Redis is away,
+// instead of failing after a few reconnection attempts.
 describe('a client with maxRetriesPerRequest: null (as BullMQ sets it) while Redis is down', () => {
   const server = usePrivateServer();
   let client: Redis;
