@@ -657,7 +657,7 @@ function refuseBadEndpoint(o: Record<string, unknown>, where: string): void {
     throw new LockConfigurationError(
       'redis',
       `${where}: host must be a host name or an address; got ${describe(host)}.` +
-        (host === '' || typeof host === 'string' ? ' ioredis would connect to localhost instead (an environment variable set to nothing?); leave host out for localhost.' : ''),
+        (typeof host === 'string' ? ' ioredis would connect to localhost instead (an environment variable set to nothing?); leave host out for localhost.' : ''),
     );
   }
 }
