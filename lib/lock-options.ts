@@ -564,6 +564,7 @@ function redisOption(value: unknown): RedisConnection {
       }
       for (const node of v.cluster) {
         if (typeof node === 'object' && node !== null) refuseBadEndpoint(node as Record<string, unknown>, 'a redis.cluster startup node');
+        else if (typeof node === 'string') refuseBadClusterNode(node);
       }
       const extra = Object.keys(v).filter((k) => k !== 'cluster' && k !== 'options');
       if (extra.length > 0) {
@@ -601,8 +602,8 @@ function redisOption(value: unknown): RedisConnection {
  * `?` that is not percent-encoded cuts the URL short, and ioredis 5.9 connected to localhost:6379. And one that names no host (`redis://`, an empty variable in
  * `redis://${host}`), which ioredis connects to localhost:6379.
  */
-function refuseBadUrl(value: string): void {
-  const shown = `"${redactUrls(value)}"`;
+function refuseBadUrl(value: string, where = 'redis: the URL'): void {
+  const shown = `${where} "${redactUrls(value)}"`;
   let url: URL;
   try {
     url = new URL(value);
@@ -611,18 +612,30 @@ function refuseBadUrl(value: string): void {
   } catch {
     throw new LockConfigurationError(
       'redis',
-      `redis: the URL ${shown} does not parse. Percent-encode the user name and password (encodeURIComponent): a #, /, ? or % in them cuts the URL short. A port is a number from 1 to 65535.`,
+      `${shown} does not parse. Percent-encode the user name and password (encodeURIComponent): a #, /, ? or % in them cuts the URL short. A port is a number from 1 to 65535.`,
     );
   }
   if (url.hostname === '') {
     throw new LockConfigurationError(
       'redis',
-      `redis: the URL ${shown} names no host, and ioredis would connect to localhost:6379 (an environment variable set to nothing?). Write the host, or leave redis out for redis://127.0.0.1:6379.`,
+      `${shown} names no host, and ioredis would connect to localhost:6379 (an environment variable set to nothing?). Write the host, or leave redis out for redis://127.0.0.1:6379.`,
     );
   }
   if (url.port !== '' && !isPort(url.port)) {
-    throw new LockConfigurationError('redis', `redis: the URL ${shown} has port ${url.port}; a port is a number from 1 to 65535.`);
+    throw new LockConfigurationError('redis', `${shown} has port ${url.port}; a port is a number from 1 to 65535.`);
   }
+}
+
+/**
+ * A Cluster startup node given as a string: ioredis reads `host:port` as `redis://host:port`, and
+ * throws on what does not parse as it throws on a URL (see refuseBadUrl).
+ */
+function refuseBadClusterNode(node: string): void {
+  if (/^rediss?:\/\//i.test(node)) return refuseBadUrl(node, 'a redis.cluster startup node');
+  if (node.includes('://')) {
+    throw new LockConfigurationError('redis', `a redis.cluster startup node must be a redis:// URL, "host:port" or { host, port }; got "${redactUrls(node)}".`);
+  }
+  refuseBadUrl(`redis://${node}`, 'a redis.cluster startup node, read as');
 }
 
 /** What to write instead of a connection string that is not a redis:// or rediss:// URL (secrets left out). */
