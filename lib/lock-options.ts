@@ -599,8 +599,9 @@ function redisOption(value: unknown): RedisConnection {
 /**
  * Refuses a redis:// URL that ioredis 6 throws on (Node's "Invalid URL", with the URL, password
  * included, in the error's input) and ioredis 5.9 reads differently: a password with a `#`, `/` or
- * `?` that is not percent-encoded cuts the URL short, and ioredis 5.9 connected to localhost:6379. And one that names no host (`redis://`, an empty variable in
- * `redis://${host}`), which ioredis connects to localhost:6379.
+ * `?` that is not percent-encoded cuts the URL short, and ioredis 5.9 connected to localhost:6379.
+ * And one that names no host (`redis://`, an empty variable in `redis://${host}`), which ioredis
+ * connects to localhost:6379.
  */
 function refuseBadUrl(value: string, where = 'redis: the URL'): void {
   const shown = `${where} "${redactUrls(value)}"`;
@@ -845,12 +846,12 @@ function closeTo(a: string, b: string): boolean {
   return x.slice(i + 1) === y.slice(i + 1) || x.slice(i) === y.slice(i + 1) || x.slice(i + 1) === y.slice(i);
 }
 
-/** A short, safe description of a bad value for an error message. */
 /** describe() of a value that may be a connection string: its secrets hidden before it is shortened. */
 function describeRedacted(value: unknown): string {
   return describe(typeof value === 'string' ? redactUrls(value) : value);
 }
 
+/** A short, safe description of a bad value for an error message. */
 export function describe(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 80 ? value.slice(0, 80) + '…' : value);
