@@ -1,7 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
 import { ACQUIRE } from '../../lib/store/redis/lock.scripts.js';
-import { until, type RedisServer } from '../support/redis-server.js';
+import { silentPort, until, type RedisServer } from '../support/redis-server.js';
 import { listenerCounts, stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('LockService.health()', () => {
@@ -25,6 +25,19 @@ describe('LockService.health()', () => {
     const health = app.locks.health(); // read before any timer runs
     expect((await health).renewalOverdueMs).toBeGreaterThanOrEqual(400);
     await lock.release();
+  });
+
+  it('is down while its Redis is a replica (made one behind its back: every lock step would fail READONLY), and up once it is a master again', async () => {
+    const master = await silentPort();
+    const raw = redis.client();
+    try {
+      await raw.replicaof('127.0.0.1', String(master.port));
+      expect(await app.locks.health()).toMatchObject({ status: 'down', error: expect.stringMatching(/^redis 127\.0\.0\.1:\d+ is a replica of 127\.0\.0\.1:\d+: every lock step writes/) });
+    } finally {
+      await raw.replicaof('NO', 'ONE');
+      await master.close();
+    }
+    expect((await app.locks.health()).status).toBe('up');
   });
 
   it('is down, without throwing, while Redis is frozen, and up again afterwards', async () => {

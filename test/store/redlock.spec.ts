@@ -181,6 +181,15 @@ describe('Redlock over 3 independent servers', () => {
       const lock = await app.locks.acquire('rl:with-replica');
       expect(await holders('rl:with-replica')).toEqual([lock.owner, lock.owner]);
       await lock.release();
+      // health() runs the checks again (a node made a replica later is found there): up, on the majority, with no second warning.
+      // INFO calls on the replica but these reads' own (each read counts the ones before it).
+      let reads = 0;
+      const infos = async () => (await commandCalls(replica.shared(), 'info')).info - reads++;
+      const before = await infos();
+      expect((await app.locks.health()).status).toBe('up');
+      // The replica's answer may come after the majority's: wait for its INFO.
+      await until(async () => (await infos()) > before, 5_000, 'health() never asked the replica again');
+      expect(app.logger.at('warn').filter((m) => m.includes('is a replica'))).toHaveLength(1);
     } finally {
       await started?.close();
       await replica.stop();

@@ -197,7 +197,8 @@ export class RedisLockStore implements LockStore {
     if (!this.cluster) {
       // The checks go out with the loads, on the same connection and in that order: before any
       // lock step, and the publish check's script is loaded by then.
-      await Promise.all([...Object.values(scripts).map((s) => s.load(client as Redis)), ...this.bootstrapChecks([client as Redis])]);
+      // The role on every ready(), health() included: a master demoted behind the application's back.
+      await Promise.all([...Object.values(scripts).map((s) => s.load(client as Redis)), ...this.bootstrapChecks([client as Redis]), this.checkRole(client as Redis)]);
       return;
     }
     const cluster = client as Cluster;
@@ -273,18 +274,18 @@ export class RedisLockStore implements LockStore {
   private bootstrapChecks(masters: Redis[]): Promise<void>[] {
     if (this.checked) return [];
     this.checked = true;
-    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node), this.checkRole(node)])];
+    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node)])];
   }
 
   /**
-   * Refuses a replica named as the server that holds the locks: every lock step writes, which a
-   * read-only replica refuses (READONLY, on every acquisition) and a writable one keeps to itself,
-   * unseen by its master and the other applications. Sentinel is left alone: ioredis asks the
-   * sentinels for the master and checks it, and a failover in progress is theirs to finish. A
-   * Cluster's nodes here are its masters. INFO refused (an ACL) is let through.
+   * Refuses a replica named as the server that holds the locks (at bootstrap), or one it has become
+   * (health()): every lock step writes, which a read-only replica refuses (READONLY, on every
+   * acquisition) and a writable one keeps to itself, unseen by its master and the other
+   * applications. One server only: Sentinel is left alone (ioredis asks the sentinels for the master
+   * and checks it, and a failover in progress is theirs to finish). INFO refused (an ACL) is let through.
    */
   private async checkRole(node: Redis): Promise<void> {
-    if (this.cluster || (node.options.sentinels?.length ?? 0) > 0) return;
+    if ((node.options.sentinels?.length ?? 0) > 0) return;
     const info = await this.info(node, 'replication');
     if (info === undefined || !/^role:slave\b/m.test(info)) return;
     const master = `${/^master_host:(\S+)/m.exec(info)?.[1] ?? '?'}:${/^master_port:(\d+)/m.exec(info)?.[1] ?? '?'}`;

@@ -53,6 +53,8 @@ export class RedlockStore implements LockStore {
   readonly boundsSteps = true;
   readonly quorum: number;
   readonly supportsFairMode = false;
+  /** The nodes warned about for failing a check of ready() (see there). */
+  private readonly warned = new Set<number>();
   /** Per node: how many failed attempts it has not answered yet, by owner, key and mode (see `unsettled`). */
   private readonly unanswered: Map<string, number>[];
 
@@ -75,15 +77,19 @@ export class RedlockStore implements LockStore {
   /**
    * Ready once a quorum of nodes answered and loaded the scripts; the others join when they come up.
    * A node that failed a bootstrap check (a replica, a Redis older than 6.2, a closed client) will
-   * not come up by itself: it is warned about, whether it answered before the quorum or after.
+   * not come up by itself: it is warned about, once, whether it answered before the quorum or after.
    */
   async ready(timeoutMs: number): Promise<void> {
     const answers: Answer<void>[] = new Array(this.nodes.length);
     let ok = 0;
     let settled = 0;
-    const misconfigured: string[] = [];
-    const warn = (text: string) =>
+    const misconfigured: [number, string][] = [];
+    const warn = ([i, text]: [number, string]) => {
+      // Once per node: health() calls ready() on every probe.
+      if (this.warned.has(i)) return;
+      this.warned.add(i);
       this.log?.warn(`${text} Redlock went on without this node: locks need ${this.quorum} of ${this.nodes.length} nodes, and have one node fewer to spare until it is fixed.`);
+    };
     await new Promise<void>((resolve, reject) => {
       const timer = realTime.setTimeout(() => reject(this.quorumError('bootstrap', '', answers)), timeoutMs);
       timer.unref();
@@ -100,8 +106,8 @@ export class RedlockStore implements LockStore {
           (e: unknown) => {
             answers[i] = { ok: false, error: message(e) };
             if (!(e instanceof LockConfigurationError)) return;
-            if (ok >= this.quorum) warn(e.message);
-            else misconfigured.push(e.message);
+            if (ok >= this.quorum) warn([i, e.message]);
+            else misconfigured.push([i, e.message]);
           },
         ).finally(() => {
           if (++settled === this.nodes.length && ok < this.quorum) {
