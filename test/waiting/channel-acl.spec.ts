@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import type { LockEvent } from '../../lib/index.js';
-import { nextEvent, startLockApp, wokenBy, type LockApp } from '../support/lock-testing.js';
+import { lockEachWay, nextEvent, startLockApp, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, subscribers, until } from '../support/redis-server.js';
 
 /**
@@ -149,6 +149,56 @@ describe('a Redis ACL user without the lock channels', () => {
         await wokenBy(() => holder.release(), waiters, 'acl:woken', 5_000);
       });
     } finally {
+      await waiters.close();
+    }
+  });
+});
+
+/**
+ * The rule the README gives for a Redis user that may touch the locks and nothing else: the lock
+ * names and channels only, and the command categories the scripts and connections need.
+ */
+describe('a Redis ACL user limited to the lock names and channels', () => {
+  const RULE = ['resetkeys', '~lock:*', 'resetchannels', '&lock:*', '-@all', '+@scripting', '+@read', '+@write', '+@pubsub', '+@connection', '+info', '+time', '+wait'];
+  let redis: RedisServer;
+  let raw: Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    await raw.call('ACL', 'SETUSER', 'locksonly', 'reset', 'on', '>locksonly-password', ...RULE);
+    await raw.set('app:data', 'not the locks');
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+
+  it('starts without a warning, locks each way, wakes and hands over across processes, force-unlocks, and reaches nothing else', async () => {
+    const url = `redis://locksonly:locksonly-password@127.0.0.1:${redis.port}`;
+    const holders = await startLockApp({ redis: url });
+    const waiters = await startLockApp({ redis: url });
+    try {
+      expect([...holders.logger.at('warn'), ...waiters.logger.at('warn')]).toEqual([]);
+      await lockEachWay(holders.locks, 'only:each');
+      const holder = await holders.locks.acquire('only:woken', { leaseMs: 120_000 });
+      const token = holder.fencingToken;
+      await wokenBy(() => holder.release(), waiters, 'only:woken', 5_000);
+      const fair = await holders.locks.acquire('only:fair', { fair: true });
+      const queued = waiters.locks.acquire('only:fair', { fair: true, waitMs: 10_000 });
+      await until(async () => (await raw.llen('lock:{only:fair}:queue')) === 1, 5_000, 'the fair waiter never queued');
+      await fair.release();
+      const next = await queued;
+      expect(next.fencingToken).toBeGreaterThan(token);
+      expect(await holders.locks.forceUnlock('only:fair')).toBe(true);
+      expect(await holders.locks.health()).toMatchObject({ status: 'up' });
+      // The same user cannot read what is not a lock.
+      const user = new Redis(url);
+      try {
+        await expect(user.get('app:data')).rejects.toThrow(/NOPERM/);
+      } finally {
+        user.disconnect();
+      }
+    } finally {
+      await holders.close();
       await waiters.close();
     }
   });
