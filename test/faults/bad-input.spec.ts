@@ -84,6 +84,11 @@ const replicaBoot = async (redis: RedisServer, args: string[] = []) => {
     await replica.stop();
   }
 };
+/** Boots as a Redis user made with `rules` (ACL SETUSER), which may load scripts. */
+const aclBoot = async (redis: RedisServer, user: string, rules: string[]) => {
+  await redis.client().call('ACL', 'SETUSER', user, 'reset', 'on', `>${user}-password`, ...rules);
+  return boot({ redis: `redis://${user}:${user}-password@127.0.0.1:${redis.port}` });
+};
 /** A LockOptionsFactory that forgot to return its options. */
 class NoOptions implements LockOptionsFactory {
   createLockOptions(): LockModuleOptions {
@@ -309,6 +314,9 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async ({ redis }) => { const old = await olderRedisProxy(redis); try { return await boot({ redis: `redis://127.0.0.1:${old.port}` }); } finally { await old.close(); } } },
   { entry: 'LockModule.forRoot', input: 'redis: a read-only replica', outcome: LockConfigurationError, says: /redis 127.0.0.1:\d+ is a replica of 127.0.0.1:\d+: every lock step writes, which a read-only replica refuses \(READONLY\).* Point redis at the master/, run: ({ redis }) => replicaBoot(redis) },
   { entry: 'LockModule.forRoot', input: 'redis: a writable replica (replica-read-only no)', outcome: LockConfigurationError, says: /is a replica of 127.0.0.1:\d+: .*a writable one keeps to itself, unseen by its master/, run: ({ redis }) => replicaBoot(redis, ['--replica-read-only', 'no']) },
+  { entry: 'LockModule.forRoot', input: 'redis: a user whose ACL keys are not the lock names (~other:*)', outcome: LockConfigurationError, says: /redis 127.0.0.1:\d+: this connection's Redis user may not run any command on the lock names \(lock:\*\), which the lock scripts call, so every acquisition would fail. Allow them, for example ACL SETUSER <user> ~lock:\* \+@read \+@write \+time/, run: ({ redis }) => aclBoot(redis, 'otherkeys', ['~other:*', '&*', '+@all']) },
+  { entry: 'LockModule.forRoot', input: 'redis: a user without the hash and list commands (+@string only)', outcome: LockConfigurationError, says: /may not run exists, del, pexpire, pttl, hget, hset, hdel, hexists, hincrby, hkeys, hlen, rpush, lpop, lindex, lrem, zadd, zrem, zcard, zrange, zrangebyscore, zremrangebyscore on the lock names/, run: ({ redis }) => aclBoot(redis, 'stringsonly', ['~lock:*', '&lock:*', '-@all', '+@scripting', '+@string', '+@pubsub', '+@connection', '+info', '+time']) },
+  { entry: 'LockModule.forRoot', input: 'redis: a user without TIME, which the scripts call for fencing tokens', outcome: LockConfigurationError, says: /this connection's Redis user may not run time on the lock names \(lock:\*\)/, run: ({ redis }) => aclBoot(redis, 'notime', ['~lock:*', '&lock:*', '-@all', '+@scripting', '+@read', '+@write', '+@pubsub', '+@connection', '+info']) },
   { entry: 'LockModule.forRoot', input: 'redis: a wrong password', outcome: LockBackendError, says: /the connection failed with: WRONGPASS invalid username-password pair/, run: ({ redis }) => boot({ redis: `redis://nobody:wrong-password@127.0.0.1:${redis.port}`, connectTimeoutMs: 1_000 }) },
   // Redis errors
   { entry: 'acquire(key)', input: 'the key is used by other code (WRONGTYPE)', outcome: LockBackendError, says: /lock keys are not used by other code/, run: async ({ locks, redis }) => { await redis.client().set('lock:{taken-by-app}', 'x'); return locks.acquire('taken-by-app'); } },

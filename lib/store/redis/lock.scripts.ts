@@ -570,3 +570,28 @@ return out
  * connection's user may (see the note on `redis.pcall` above). Nobody waits on the channel used.
  */
 export const PUBLISH_CHECK = `return redis.call(ARGV[1], ARGV[2], 'check')`;
+
+/**
+ * Which commands the lock scripts call this connection's user may not run on a lock's names
+ * (KEYS[1] a lock hash; its fence, queue and queue timeouts are named after it, as the scripts
+ * name them), each asked with arguments of its shape through `redis.acl_check_cmd` (Redis 7 and
+ * later; an older Redis answers an empty list). Runs nothing. PUBLISH is PUBLISH_CHECK's.
+ */
+export const ACL_CHECK = `if not redis.acl_check_cmd then return {} end
+local lock = KEYS[1]
+local fence, queue = lock .. ':fence', lock .. ':queue'
+local timeouts = queue .. ':timeouts'
+local calls = {
+  {'exists', lock}, {'del', lock}, {'pexpire', lock, '1'}, {'pttl', lock}, {'time'},
+  {'hget', lock, 'f'}, {'hset', lock, 'f', 'v'}, {'hdel', lock, 'f'}, {'hexists', lock, 'f'},
+  {'hincrby', lock, 'f', '1'}, {'hkeys', lock}, {'hlen', lock},
+  {'get', fence}, {'set', fence, 'v'},
+  {'rpush', queue, 'v'}, {'lpop', queue}, {'lindex', queue, '0'}, {'lrem', queue, '0', 'v'},
+  {'zadd', timeouts, '0', 'm'}, {'zrem', timeouts, 'm'}, {'zcard', timeouts}, {'zrange', timeouts, '0', '-1'},
+  {'zrangebyscore', timeouts, '0', '1'}, {'zremrangebyscore', timeouts, '0', '1'},
+}
+local refused = {}
+for _, call in ipairs(calls) do
+  if not redis.acl_check_cmd(unpack(call)) then refused[#refused + 1] = call[1] end
+end
+return refused`;

@@ -17,6 +17,7 @@ import {
   LEAVE_QUEUE,
   LEAVE_WRITERS,
   PUBLISH_CHECK,
+  ACL_CHECK,
   RELEASE,
   RELEASE_TO,
   RELEASE_ALL,
@@ -49,6 +50,7 @@ const scripts = {
   forceUnlock: new RedisScript('forceUnlock', FORCE_UNLOCK),
   adjustHolds: new RedisScript('adjustHolds', ADJUST_HOLDS),
   publishCheck: new RedisScript('publishCheck', PUBLISH_CHECK),
+  aclCheck: new RedisScript('aclCheck', ACL_CHECK),
 };
 
 /** Keys renewed per script call: big enough that 10 000 held locks cost a handful of calls, small enough not to stall Redis. */
@@ -274,7 +276,34 @@ export class RedisLockStore implements LockStore {
   private bootstrapChecks(masters: Redis[]): Promise<void>[] {
     if (this.checked) return [];
     this.checked = true;
-    return [this.checkPublish(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node)])];
+    return [this.checkPublish(), this.checkAcl(), ...masters.flatMap((node) => [this.checkVersion(node), this.checkEviction(node)])];
+  }
+
+  /**
+   * Refuses a Redis user whose scripts may not run the commands they call on the lock names (an
+   * ACL with other key patterns, or without a category they need): it could load the scripts, and
+   * every acquisition would then fail with "The user executing the script can't run this command".
+   * Redis 7 and later (an older one has no `redis.acl_check_cmd`); a check that fails otherwise is
+   * let through.
+   */
+  private async checkAcl(): Promise<void> {
+    let refused: unknown;
+    try {
+      refused = await scripts.aclCheck.run(this.client, [this.lockName('nestjs-locked:acl-check')], []);
+    } catch (error) {
+      // Redis checks a script's KEYS against the user's key patterns before it runs it.
+      if (!/NOPERM.*key/i.test(String(error))) {
+        this.log.debug(`could not check the Redis user's permissions on ${this.description}: ${String(error)}`);
+        return;
+      }
+      refused = ['any command'];
+    }
+    if (!Array.isArray(refused) || refused.length === 0) return;
+    throw new LockConfigurationError(
+      'redis',
+      `${this.description}: this connection's Redis user may not run ${refused.map(String).join(', ')} on the lock names (${this.prefix}*), which the lock scripts call, so every acquisition would fail. ` +
+        `Allow them, for example ACL SETUSER <user> ~${this.prefix}* +@read +@write +time (or see the README's rule for a user limited to the locks).`,
+    );
   }
 
   /**
