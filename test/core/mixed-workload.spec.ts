@@ -419,6 +419,12 @@ describe('every kind of lock at once, nested at random, while Redis drops every 
     expect(dropped).toBeGreaterThan(100);
     expect(ranTwice()).toBeGreaterThan(0);
     // A hold too many lasts until its lease (600 ms) ends; a place in a queue would stay 5 s.
-    await until(async () => (await leftIn([server])).length === 0, 1_500, 'every lock gone from Redis');
+    let left: string[] = [];
+    await until(async () => (left = await leftIn([server])).length === 0, 1_500, 'every lock gone from Redis').catch(async (error: unknown) => {
+      // Say what stayed, so a failure tells a hold too many from a place in a queue.
+      const raw = server.shared();
+      const shown = await Promise.all(left.map(async (k) => `${k} (${await raw.type(k)}, pttl ${await raw.pttl(k)} ms)`));
+      throw new Error(`${(error as Error).message}; left: ${shown.join(', ')}`);
+    });
   }, 180_000);
 });
