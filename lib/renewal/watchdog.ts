@@ -1,6 +1,16 @@
 import type { HeldLock } from '../held-lock.js';
 import { realTime, type Time, type Timer } from '../internal/time.js';
 
+/**
+ * How close to its deadline a lock counts as lost, and how early the timer is set for it. Node runs
+ * timers on a loop time kept in whole milliseconds, so one fires up to a millisecond off; the
+ * margin between a holder's deadline (its lease counted from when it sent the acquisition) and the
+ * moment Redis frees the lock (its lease counted from when it ran it) can be less than that. A
+ * timer a millisecond late told the holder after another owner had the lock (seen once in a full
+ * run: renewal.spec, a partition between the holder and Redis).
+ */
+export const DEADLINE_SLACK_MS = 1;
+
 /** What the watchdog asks of the service that owns it. Each hook must not throw. */
 export interface WatchdogHooks {
   /** Renew these locks in the backend; one boolean per lock (false: no longer ours). */
@@ -53,12 +63,12 @@ export class Watchdog {
   add(lock: HeldLock): void {
     if (this.stopped) return;
     this.locks.add(lock);
-    this.schedule(Math.min(lock.renewAt, lock.deadline));
+    this.schedule(Math.min(lock.renewAt, lock.deadline - DEADLINE_SLACK_MS));
   }
 
   /** A lock's lease or deadline changed (re-entry, extend). */
   touch(lock: HeldLock): void {
-    if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lock.deadline));
+    if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lock.deadline - DEADLINE_SLACK_MS));
   }
 
   /**
@@ -98,7 +108,7 @@ export class Watchdog {
     const t = this.time.now();
     const due: HeldLock[] = [];
     for (const lock of this.locks) {
-      if (lock.deadline <= t) {
+      if (lock.deadline <= t + DEADLINE_SLACK_MS) {
         this.locks.delete(lock);
         this.hooks.lost(lock, 'lease-expired');
       } else if (lock.watchdog && !lock.renewing && lock.renewAt <= t + lock.leaseMs / 6) {
@@ -154,7 +164,7 @@ export class Watchdog {
   private reschedule(): void {
     let next = Infinity;
     for (const lock of this.locks) {
-      next = Math.min(next, lock.deadline, lock.renewing ? Infinity : lock.renewAt);
+      next = Math.min(next, lock.deadline - DEADLINE_SLACK_MS, lock.renewing ? Infinity : lock.renewAt);
     }
     if (next < Infinity) this.schedule(next);
   }

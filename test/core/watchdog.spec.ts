@@ -2,7 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import { setImmediate as realSetImmediate } from 'node:timers';
 import { HeldLock } from '../../lib/held-lock.js';
 import type { Time, Timer } from '../../lib/internal/time.js';
-import { Watchdog, type WatchdogHooks } from '../../lib/renewal/watchdog.js';
+import { DEADLINE_SLACK_MS, Watchdog, type WatchdogHooks } from '../../lib/renewal/watchdog.js';
 
 /**
  * The watchdog's schedule on its own, on a clock the test moves: which timer it arms, when it
@@ -111,11 +111,28 @@ describe('Watchdog', () => {
 
   it('never arms its timer before the moment something is due, when that moment falls between milliseconds', () => {
     const time = new ManualTime();
-    const watchdog = new Watchdog(recorder().hooks, time);
-    const fixed = lock(time, 'fixed', 1_000.4, 0, false);
+    const recorded = recorder();
+    const watchdog = new Watchdog(recorded.hooks, time);
+    const fixed = lock(time, 'fixed', 1_001.4, 0, false);
     watchdog.add(fixed);
-    // Rounded down, it would fire at 1 000, find nothing due, and fire again at once, all the while.
+    // Due a millisecond before its deadline (DEADLINE_SLACK_MS), at 1 000.4. Rounded down, the timer
+    // would fire at 1 000, find nothing due, and fire again at once, all the while.
     expect(time.armed.map((timer) => timer.at)).toEqual([1_001]);
+    time.advance(1_001);
+    expect(recorded.lost).toEqual([['fixed', 'lease-expired']]);
+    expect(time.armed).toEqual([]);
+  });
+
+  it('declares a lock lost once its deadline is within a millisecond: a timer that Node runs that much early or late must not tell the holder after Redis freed the lock', () => {
+    const time = new ManualTime();
+    const recorded = recorder();
+    const watchdog = new Watchdog(recorded.hooks, time);
+    watchdog.add(lock(time, 'fixed', 5_000, 0, false));
+    expect(time.armed.map((timer) => timer.at)).toEqual([5_000 - DEADLINE_SLACK_MS]);
+    // The timer runs early (Node's loop time lags by a fraction of a millisecond): 4 999.5 is within the slack.
+    time.t = 4_999.5;
+    time.armed[0]!.callback();
+    expect(recorded.lost).toEqual([['fixed', 'lease-expired']]);
   });
 
   it('counts a renewal\'s lease from when it was sent, not from when its answer came', async () => {
@@ -123,8 +140,9 @@ describe('Watchdog', () => {
     const [held] = locks as [HeldLock];
     time.advance(10_000);
     expect(renewals).toHaveLength(1);
-    // While the renewal is in flight, the timer waits for the deadline, not for the renewal now past.
-    expect(time.armed.map((timer) => timer.at)).toEqual([30_000]);
+    // While the renewal is in flight, the timer waits for the deadline (a millisecond early, see
+    // DEADLINE_SLACK_MS), not for the renewal now past.
+    expect(time.armed.map((timer) => timer.at)).toEqual([30_000 - DEADLINE_SLACK_MS]);
     time.advance(12_000);
     renewals[0]!.answer([true]);
     await settle();
