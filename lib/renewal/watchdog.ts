@@ -11,6 +11,9 @@ import { realTime, type Time, type Timer } from '../internal/time.js';
  */
 export const DEADLINE_SLACK_MS = 1;
 
+/** When the watchdog counts `lock` lost: DEADLINE_SLACK_MS before its deadline. */
+const lostAt = (lock: HeldLock): number => lock.deadline - DEADLINE_SLACK_MS;
+
 /** What the watchdog asks of the service that owns it. Each hook must not throw. */
 export interface WatchdogHooks {
   /** Renew these locks in the backend; one boolean per lock (false: no longer ours). */
@@ -63,12 +66,12 @@ export class Watchdog {
   add(lock: HeldLock): void {
     if (this.stopped) return;
     this.locks.add(lock);
-    this.schedule(Math.min(lock.renewAt, lock.deadline - DEADLINE_SLACK_MS));
+    this.schedule(Math.min(lock.renewAt, lostAt(lock)));
   }
 
   /** A lock's lease or deadline changed (re-entry, extend). */
   touch(lock: HeldLock): void {
-    if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lock.deadline - DEADLINE_SLACK_MS));
+    if (this.locks.has(lock)) this.schedule(Math.min(lock.renewAt, lostAt(lock)));
   }
 
   /**
@@ -108,7 +111,7 @@ export class Watchdog {
     const t = this.time.now();
     const due: HeldLock[] = [];
     for (const lock of this.locks) {
-      if (lock.deadline <= t + DEADLINE_SLACK_MS) {
+      if (lostAt(lock) <= t) {
         this.locks.delete(lock);
         this.hooks.lost(lock, 'lease-expired');
       } else if (lock.watchdog && !lock.renewing && lock.renewAt <= t + lock.leaseMs / 6) {
@@ -164,7 +167,7 @@ export class Watchdog {
   private reschedule(): void {
     let next = Infinity;
     for (const lock of this.locks) {
-      next = Math.min(next, lock.deadline - DEADLINE_SLACK_MS, lock.renewing ? Infinity : lock.renewAt);
+      next = Math.min(next, lostAt(lock), lock.renewing ? Infinity : lock.renewAt);
     }
     if (next < Infinity) this.schedule(next);
   }
