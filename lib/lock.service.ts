@@ -836,8 +836,12 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           }
         : { key, owner, leaseMs: o.leaseMs, mode: o.mode, queueTimeoutMs: this.options.fairQueueTimeoutMs, holdsHere: this.countHolds },
     );
+    // An attempt given up on that Redis ran after all: a grant is given back, and a place it took
+    // in a fair queue or among the waiting writers is left again. The leave the given-up wait sent
+    // may have run before it: ioredis can send an unanswered command again after the commands
+    // sent while it reconnected (see README, "When a step runs twice").
     const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
-      late.granted ? this.giveBackHold(key, owner, o.mode) : undefined,
+      late.granted ? this.giveBackHold(key, owner, o.mode) : this.abandon(key, owner, o),
     );
     if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };

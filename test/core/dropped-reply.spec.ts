@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Cluster, type Redis } from 'ioredis';
+import { AsyncResource } from 'node:async_hooks';
 import { LockBackendError, LockLostError, LockNotAcquiredError, type LockEvent, type LockHandle } from '../../lib/index.js';
 import { keySlot } from '../../lib/store/redis/redis-lock.store.js';
-import { ADJUST_HOLDS, FORCE_UNLOCK, HOLDERS } from '../../lib/store/redis/lock.scripts.js';
+import { ACQUIRE_FAIR, ACQUIRE_WRITE, ADJUST_HOLDS, FORCE_UNLOCK, HOLDERS, LEAVE_QUEUE, LEAVE_WRITERS } from '../../lib/store/redis/lock.scripts.js';
 import { RedisScript } from '../../lib/store/redis/redis-script.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { commandCalls, RedisServer, scriptCalls, silentPort, tcpProxy, until } from '../support/redis-server.js';
@@ -807,5 +808,85 @@ describe('a Redlock step whose replies are lost to dropped connections on every 
     expect(outer.signal.aborted).toBe(false);
     await outer.release();
     await until(async () => JSON.stringify(await everywhere(key)) === '[{},{},{}]', 10_000, 'nothing left on any node');
+  });
+});
+
+/**
+ * ioredis sends the commands in flight on a connection that closed again once it has reconnected,
+ * before those sent meanwhile; but when the new connection closes while it does, those it had not
+ * written yet go after them (ioredis 5.9 to 6.0). A waiter that gives up while ioredis reconnects
+ * sends its leave (out of a fair queue, or out of the waiting writers) after its attempt, and Redis
+ * may then run the attempt last, taking the place again: the place kept other owners waiting until
+ * it lapsed (the writers' place kept new readers out) and stayed in Redis twice that long. Seen in
+ * full runs of mixed-workload.spec, where Redis drops every connection every 20 ms.
+ */
+describe('an attempt that Redis runs after its waiter left', () => {
+  let redis: RedisServer;
+  let raw: Redis;
+  let link: Link;
+  let app: LockApp;
+  let holders: LockApp;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    raw = redis.client();
+    link = await tcpProxy(redis.port);
+    // Reconnecting every 20 ms, giving steps up after 100 ms.
+    app = await startLockApp({ redis: { host: '127.0.0.1', port: link.port, retryStrategy: () => 20 }, stepTimeoutMs: 100 });
+    holders = await startLockApp({ redis: redis.url });
+  });
+  afterAll(async () => {
+    await app?.close();
+    await holders?.close();
+    await link?.close();
+    await redis?.stop();
+  });
+
+  it('is left again once its reply comes: no place in a fair queue or among the waiting writers stays', async () => {
+    const writeHeld = await holders.locks.acquire('late:rw', { mode: 'write' });
+    const fairHeld = await holders.locks.acquire('late:fair', { fair: true });
+    // The order Redis ran the scripts in.
+    const ran: string[][] = [];
+    const monitor = await redis.client().monitor();
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (args[0]?.toLowerCase() === 'evalsha') ran.push(args);
+    });
+    try {
+      // Four waiters, each its own owner, whose attempts go out on a link that passes nothing.
+      const sent = link.commandsFromClients;
+      link.hold('both');
+      const waiters = (['write', 'fair', 'write', 'fair'] as const).map((kind) =>
+        new AsyncResource('waiter').runInAsyncScope(() =>
+          app.locks
+            .acquire(kind === 'write' ? 'late:rw' : 'late:fair', kind === 'write' ? { mode: 'write', waitMs: 200 } : { fair: true, waitMs: 200 })
+            .then(() => 'acquired', (error: unknown) => error),
+        ),
+      );
+      await until(async () => link.commandsFromClients - sent === 4, 5_000, 'the four attempts sent');
+      // The connection closes; ioredis keeps the attempts to send again, and each waiter's leave,
+      // sent once its wait is over, until it is connected again.
+      link.down();
+      for (const outcome of await Promise.all(waiters)) expect(outcome).toBeInstanceOf(LockBackendError);
+      // The next connection closes right after its ready check, as ioredis writes the attempts again.
+      link.cutAfterReadyCheck();
+      const shas = [ACQUIRE_WRITE, ACQUIRE_FAIR, LEAVE_WRITERS, LEAVE_QUEUE].map(shaOf);
+      await until(async () => shas.every((sha) => ran.filter((args) => args[1] === sha).length >= 2), 5_000, 'every attempt and every leave run');
+      // Each place is left again once the attempt's reply comes (the places would last 5 s).
+      await until(
+        async () => (await raw.keys('lock:{late:*')).sort().join() === 'lock:{late:fair},lock:{late:fair}:fence,lock:{late:rw},lock:{late:rw}:fence',
+        1_000,
+        'the places left',
+      );
+      // It did happen: Redis ran a writer's attempt and a fair waiter's after their leaves.
+      const runs = (lua: string, owner: string) => ran.flatMap((args, i) => (args[1] === shaOf(lua) && args.includes(owner) ? [i] : []));
+      const owners = (lua: string) => [...new Set(ran.filter((args) => args[1] === shaOf(lua)).map((args) => args[3 + Number(args[2])]!))];
+      const attemptAfterLeave = (attempt: string, leave: string) =>
+        owners(attempt).some((owner) => runs(leave, owner).length > 0 && runs(attempt, owner).at(-1)! > runs(leave, owner)[0]!);
+      expect(attemptAfterLeave(ACQUIRE_WRITE, LEAVE_WRITERS)).toBe(true);
+      expect(attemptAfterLeave(ACQUIRE_FAIR, LEAVE_QUEUE)).toBe(true);
+    } finally {
+      monitor.disconnect();
+      await writeHeld.release();
+      await fairHeld.release();
+    }
   });
 });

@@ -284,6 +284,8 @@ export async function tcpProxy(
 ): Promise<{
   port: number;
   readonly bytesFromClients: number;
+  /** How many commands the clients sent, passed on or not (RESP arrays; no argument here holds a CRLF). */
+  readonly commandsFromClients: number;
   hold(direction?: 'from-target' | 'both'): void;
   /**
    * Passes everything until a client sends a command named `command` (or with `command` as an
@@ -302,6 +304,15 @@ export async function tcpProxy(
    */
   passDelayed(linesApartMs?: number): void;
   cut(): void;
+  /** Cuts every connection, as `cut()`, and closes each new one as soon as it opens, until `cutAfterReadyCheck()`. */
+  down(): void;
+  /**
+   * Lets connections open again. The next one passes everything until Redis has answered its
+   * client's INFO (the ready check ioredis sends before it counts a connection ready), then it is
+   * closed at once: the client reads that reply and writes to a connection whose other end is gone.
+   * The ones after it pass everything.
+   */
+  cutAfterReadyCheck(): void;
   close(): Promise<void>;
 }> {
   const sockets = new Set<Socket>();
@@ -331,7 +342,17 @@ export async function tcpProxy(
   const delayed: { to: Socket; data: Buffer }[] = [];
   let holdingBoth = false;
   let bytesFromClients = 0;
+  let commandsFromClients = 0;
+  let refusing = false;
+  let cutNextAfterInfo = false;
   const server = createServer((downstream) => {
+    if (refusing) {
+      downstream.on('error', () => undefined);
+      return void downstream.destroy();
+    }
+    // The connection to cut once Redis has answered its INFO: the reply's bytes still to pass.
+    let afterInfo: 'no' | 'asked' | number = cutNextAfterInfo ? 'asked' : 'no';
+    cutNextAfterInfo = false;
     const upstream = connect(targetPort, '127.0.0.1');
     for (const s of [downstream, upstream]) {
       sockets.add(s);
@@ -342,8 +363,11 @@ export async function tcpProxy(
         upstream.destroy();
       });
     }
+    let infoAsked = false;
     downstream.on('data', (d) => {
       bytesFromClients += d.length;
+      commandsFromClients += d.toString('latin1').match(/(?:^|\r\n)\*\d+\r\n/g)?.length ?? 0;
+      if (afterInfo !== 'no' && d.toString('latin1').toLowerCase().includes('\r\ninfo\r\n')) infoAsked = true;
       // A RESP command name (or argument) is a bulk string on its own line: \r\n<name>\r\n.
       if (trigger && d.toString('latin1').toLowerCase().includes(`\r\n${trigger.command}\r\n`)) {
         replies = trigger.then;
@@ -352,6 +376,21 @@ export async function tcpProxy(
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (raw: Buffer) => {
+      if (afterInfo !== 'no' && infoAsked) {
+        // INFO's reply is one bulk (RESP2 $) or verbatim (RESP3 =) string: <type><length>\r\n<length bytes>\r\n.
+        if (afterInfo === 'asked') {
+          const header = raw.indexOf('\r\n');
+          afterInfo = header + 2 + Number(raw.subarray(1, header).toString('latin1')) + 2;
+        }
+        downstream.write(raw);
+        afterInfo -= raw.length;
+        if (afterInfo <= 0) {
+          afterInfo = 'no';
+          downstream.destroy();
+          upstream.destroy();
+        }
+        return;
+      }
       const d = rewrite(raw);
       if (replies === 'keep') delayed.push({ to: downstream, data: d });
       else if (replies === 'drip') drip(downstream, d);
@@ -359,10 +398,23 @@ export async function tcpProxy(
     });
   });
   const port = await listenOnLoopback(server);
+  const cut = (): void => {
+    clearTimeout(dripTimer);
+    dripTimer = undefined;
+    dripping.length = 0;
+    for (const socket of sockets) socket.destroy();
+    replies = 'pass';
+    trigger = undefined;
+    delayed.length = 0;
+    holdingBoth = false;
+  };
   return {
     port,
     get bytesFromClients() {
       return bytesFromClients;
+    },
+    get commandsFromClients() {
+      return commandsFromClients;
     },
     hold: (direction = 'from-target') => {
       replies = 'drop';
@@ -387,15 +439,14 @@ export async function tcpProxy(
       dripMs = linesApartMs;
       for (const { to, data } of delayed.splice(0)) drip(to, data);
     },
-    cut: () => {
-      clearTimeout(dripTimer);
-      dripTimer = undefined;
-      dripping.length = 0;
-      for (const socket of sockets) socket.destroy();
-      replies = 'pass';
-      trigger = undefined;
-      delayed.length = 0;
-      holdingBoth = false;
+    cut,
+    down: () => {
+      refusing = true;
+      cut();
+    },
+    cutAfterReadyCheck: () => {
+      refusing = false;
+      cutNextAfterInfo = true;
     },
     close: () => {
       clearTimeout(dripTimer);
