@@ -260,6 +260,27 @@ describe('read-write locks', () => {
     }
   });
 
+  it('wakes the readers that waited behind a writer that gave up: they get in when it leaves, not at the read lock\'s lease', async () => {
+    // A read lock whose lease (30 s) outlasts the new reader's wait (10 s): before, the reader
+    // slept until its wait ran out, and got in only then.
+    const r = await app.locks.readLock('rw:gave-up', { leaseMs: 30_000 });
+    const writerWaits = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'rw:gave-up');
+    const writing = elsewhere(() => app.locks.writeLock('rw:gave-up', { waitMs: 300 }));
+    const readerWaits = writerWaits.then(() => nextEvent(app.locks.events$, 'contended', (e) => e.key === 'rw:gave-up'));
+    const reading = writerWaits.then(() => new AsyncResource('a-reader').runInAsyncScope(() => app.locks.readLock('rw:gave-up', { waitMs: 10_000 })));
+    try {
+      // The reader waits: the writer's place keeps it out of a read lock it would share.
+      await readerWaits;
+      await expect(writing).rejects.toBeInstanceOf(LockNotAcquiredError);
+      const read = await within(reading, 2_000);
+      expect(read.holdCount).toBe(1);
+      await read.release();
+    } finally {
+      reading.catch(() => undefined);
+      await r.release();
+    }
+  });
+
   it('removes a writer that gave up from the waiting writers, letting readers in again', async () => {
     const r = await app.locks.readLock('rw:8');
     await expect(elsewhere(() => app.locks.writeLock('rw:8', { waitMs: 100 }))).rejects.toBeInstanceOf(LockNotAcquiredError);

@@ -260,7 +260,13 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(r2.granted).toBe(false);
     expect(!r2.granted && r2.ttlMs).toBeGreaterThan(4_000);
     expect(!r2.granted && r2.ttlMs).toBeLessThanOrEqual(5_000);
+    // When X gives up, R2 is woken: it need not sleep out what was left of X's place.
+    const watch = store.watch(key, 'R2');
+    await watch.ready;
+    const woke = watch.sleep(10_000);
     await store.abandon(key, 'X', 'write', false);
+    expect(await woke).toBe('released');
+    watch.close();
   });
 
   it('lets readers in at once when a waiting writer gives up (abandon), without waiting for its place to lapse', async () => {
@@ -269,6 +275,19 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write', queueTimeoutMs: 60_000 })).granted).toBe(false);
     expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(false);
     await store.abandon(key, 'X', 'write', false);
+    expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
+  });
+
+  it('wakes the readers a waiting writer kept out when it gives up: they need not sleep until the read lock\'s lease ends', async () => {
+    const key = 'contract:rw-writer-leaves';
+    expect((await store.acquire({ key, owner: 'R1', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'X', leaseMs: 10_000, mode: 'write', queueTimeoutMs: 60_000 })).granted).toBe(false);
+    const reader = await queue(key, 'R2', { mode: 'read' });
+    const woke = reader.sleep(10_000);
+    await store.abandon(key, 'X', 'write', false);
+    expect(await woke).toBe('released');
+    reader.close();
     expect((await store.acquire({ key, owner: 'R2', leaseMs: 10_000, mode: 'read' })).granted).toBe(true);
     for (const owner of ['R1', 'R2']) expect(await store.releaseAll(key, owner, 'read')).toBe(true);
   });

@@ -140,7 +140,11 @@ export class MemoryLockStore implements LockStore {
       }
       if (queue?.size === 0) this.queues.delete(key);
     }
-    if (mode === 'write') this.writers.get(key)?.delete(owner);
+    // Readers that the place kept out try again now (as the Redis store's LEAVE_WRITERS announces).
+    if (mode === 'write' && this.writers.get(key)?.delete(owner)) {
+      const lock = this.live(key);
+      if (!lock || lock.mode === 'read') this.waiters.notifyEveryone(key);
+    }
   }
 
   watch(key: string, owner: string): ReleaseWatch {

@@ -520,10 +520,17 @@ return 1
 `;
 
 /**
- * Leave the waiting writers (a writer gave up). KEYS[1] waiting writers. ARGV[1] owner.
+ * Leave the waiting writers (a writer gave up, or a Redlock writer leaves a node that refused it).
+ * KEYS[1] waiting writers, KEYS[2] lock hash. ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command.
+ * Readers that the place kept out sleep until it or the read lock's lease would end: when the
+ * place was there and the lock is free or a read lock, announces `all`, so they try again now.
+ * Returns 1 when the owner had a place, else 0.
  */
 export const LEAVE_WRITERS = `
-redis.call('zrem', KEYS[1], ARGV[1])
+if redis.call('zrem', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('hget', KEYS[2], ':mode') == 'read' or redis.call('exists', KEYS[2]) == 0 then
+  redis.pcall(ARGV[3], ARGV[2], 'all')
+end
 return 1
 `;
 
