@@ -350,8 +350,9 @@ export async function tcpProxy(
       downstream.on('error', () => undefined);
       return void downstream.destroy();
     }
-    // The connection to cut once Redis has answered its INFO: the reply's bytes still to pass.
-    let afterInfo: 'no' | 'asked' | number = cutNextAfterInfo ? 'asked' : 'no';
+    // cutAfterReadyCheck(): 'armed' until the client sends INFO, 'asked' until Redis's reply
+    // starts, then the reply's bytes still to pass before the connection is cut.
+    let afterInfo: 'no' | 'armed' | 'asked' | number = cutNextAfterInfo ? 'armed' : 'no';
     cutNextAfterInfo = false;
     const upstream = connect(targetPort, '127.0.0.1');
     for (const s of [downstream, upstream]) {
@@ -363,20 +364,20 @@ export async function tcpProxy(
         upstream.destroy();
       });
     }
-    let infoAsked = false;
     downstream.on('data', (d) => {
+      const text = d.toString('latin1');
       bytesFromClients += d.length;
-      commandsFromClients += d.toString('latin1').match(/(?:^|\r\n)\*\d+\r\n/g)?.length ?? 0;
-      if (afterInfo !== 'no' && d.toString('latin1').toLowerCase().includes('\r\ninfo\r\n')) infoAsked = true;
+      commandsFromClients += text.match(/(?:^|\r\n)\*\d+\r\n/g)?.length ?? 0;
+      if (afterInfo === 'armed' && text.toLowerCase().includes('\r\ninfo\r\n')) afterInfo = 'asked';
       // A RESP command name (or argument) is a bulk string on its own line: \r\n<name>\r\n.
-      if (trigger && d.toString('latin1').toLowerCase().includes(`\r\n${trigger.command}\r\n`)) {
+      if (trigger && text.toLowerCase().includes(`\r\n${trigger.command}\r\n`)) {
         replies = trigger.then;
         trigger = undefined;
       }
       if (!holdingBoth) upstream.write(d);
     });
     upstream.on('data', (raw: Buffer) => {
-      if (afterInfo !== 'no' && infoAsked) {
+      if (afterInfo !== 'no' && afterInfo !== 'armed') {
         // INFO's reply is one bulk (RESP2 $) or verbatim (RESP3 =) string: <type><length>\r\n<length bytes>\r\n.
         if (afterInfo === 'asked') {
           const header = raw.indexOf('\r\n');
