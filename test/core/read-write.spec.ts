@@ -246,6 +246,22 @@ describe('read-write locks', () => {
     await b.release();
   });
 
+  it("keeps a reader's longer lease when another reader renews a shorter one and leaves: no writer gets in under it", async () => {
+    // Before, the short reader's renewal set the whole lock's lease to its own 900 ms, and the lock
+    // ended soon after it left, while the long reader held it (its next renewal only at 2 s).
+    const short = await app.locks.readLock('rw:renewed', { leaseMs: 900, watchdog: true });
+    const long = await elsewhere(() => app.locks.readLock('rw:renewed', { leaseMs: 6_000, watchdog: true }));
+    await nextEvent(app.locks.events$, 'renewed', (e) => e.key === 'rw:renewed' && e.owner === short.owner);
+    expect(await raw.pttl('lock:{rw:renewed}')).toBeGreaterThan(900);
+    await short.release();
+    try {
+      await expect(elsewhere(() => app.locks.writeLock('rw:renewed', { waitMs: 1_500 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
+      expect(long.isHeld).toBe(true);
+    } finally {
+      await long.release();
+    }
+  });
+
   it('lets the waiting writers of a writer that never came back expire 2 place timeouts after its attempt', async () => {
     const r = await app.locks.readLock('rw:ghost');
     // The attempt of a writer whose process then crashed: it neither tries again nor leaves.

@@ -113,7 +113,9 @@ export class MemoryLockStore implements LockStore {
     return entries.map(({ key, owner, leaseMs, mode = 'exclusive' }) => {
       const lock = this.live(key);
       if (!lock?.fields.has(holderField(owner, mode))) return false;
-      lock.expiresAt = clock() + leaseMs;
+      // Other holders count on the lease as it is: only a holder alone sets it shorter (see RENEW).
+      if (lock.fields.size === 1) lock.expiresAt = clock() + leaseMs;
+      else lock.extendTo(leaseMs);
       return true;
     });
   }
