@@ -297,6 +297,11 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
   delay.disable();
   const elapsedPeriods = (performance.now() - started) / (leaseMs / 3);
   const calls = await scriptCalls(raw);
+  // Redis's own time in the scripts of the window (the renewals), per lock renewed: commandstats
+  // counts the commands scripts call too, and each renewal sets its lock's lease with one PEXPIRE.
+  const stats = await raw.info('commandstats');
+  const scriptUsec = [...stats.matchAll(/cmdstat_eval(?:sha)?:calls=\d+,usec=(\d+)/g)].reduce((sum, m) => sum + Number(m[1]), 0);
+  const renewed = Number(/cmdstat_pexpire:calls=(\d+)/.exec(stats)?.[1] ?? Number.NaN);
   const lost = handles.filter((h) => h.signal.aborted).length;
   await Promise.all(handles.map((h) => h.release()));
   const redisLeft = await redisUsed();
@@ -305,6 +310,7 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
   return {
     locks: count,
     redisCallsPerRenewalPeriod: round(calls / elapsedPeriods, 1),
+    redisUsPerRenewedLock: round(scriptUsec / renewed, 2),
     targetCallsPerPeriod: Math.ceil(count / 100),
     eventLoopDelayP99Ms: round(delay.percentile(99) / 1e6, 2),
     heapBytesPerLock: round((heapAfter - heapBefore) / count, 0),
