@@ -276,6 +276,28 @@ describe('read-write locks', () => {
     }
   });
 
+  it("keeps a waiting writer's place when a writer with a shorter place timeout (another service's) attempts after it", async () => {
+    // The waiting writers share one key: before, each attempt set its expiry to 2 of its own place
+    // timeouts, and the short one's attempt cut the patient writer's place with it.
+    const key = 'rw:mixed-places';
+    const writers = `lock:{${key}}:writers`;
+    const r = await app.locks.readLock(key);
+    const store = (app.locks as unknown as { store: LockStore }).store;
+    try {
+      expect(await store.acquire({ key, owner: 'patient', leaseMs: 5_000, mode: 'write', queueTimeoutMs: 10_000 })).toMatchObject({ granted: false });
+      expect(await store.acquire({ key, owner: 'hasty', leaseMs: 5_000, mode: 'write', queueTimeoutMs: 300 })).toMatchObject({ granted: false });
+      expect(await raw.pttl(writers)).toBeGreaterThan(19_000);
+      // Past 2 of the hasty writer's place timeouts, the patient writer still keeps new readers out.
+      const from = await redisNowMs(raw);
+      await until(async () => (await redisNowMs(raw)) > from + 700, 5_000, '700 ms of Redis time');
+      expect(await canRead(key)).toBe(false);
+      expect(await raw.zrange(writers, '0', '-1')).toEqual(['patient']);
+    } finally {
+      await store.abandon(key, 'patient', 'write', false);
+      await r.release();
+    }
+  });
+
   it('wakes the readers that waited behind a writer that gave up: they get in when it leaves, not at the read lock\'s lease', async () => {
     // A read lock whose lease (30 s) outlasts the new reader's wait (10 s): before, the reader
     // slept until its wait ran out, and got in only then.

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
+import type { LockStore } from '../../lib/store/lock-store.js';
 import { Fixture } from '../support/children.js';
 import { RedisServer, redisNowMs, scriptCalls, until } from '../support/redis-server.js';
 import { asleep, elsewhere, nextEvent, stallInTimer, startLockApp, waitRegistered, usePrivateLockApp, within, type LockApp } from '../support/lock-testing.js';
@@ -16,6 +17,29 @@ describe('fair mode', () => {
   let raw: Redis;
   let app: LockApp;
   usePrivateLockApp({ fairQueueTimeoutMs: QUEUE_TIMEOUT }, (started) => ({ redis, raw, app } = started));
+
+  it("keeps a fair waiter's place when a waiter with a shorter place timeout (another service's) queues after it", async () => {
+    // The places share the queue's keys: before, each attempt set their expiry to 2 of its own
+    // place timeouts, and the short one's attempt cut the patient waiter's place with it.
+    const key = 'fair:mixed-places';
+    const store = (app.locks as unknown as { store: LockStore }).store;
+    const holder = await app.locks.acquire(key, { fair: true });
+    let handed = false;
+    try {
+      expect(await store.acquire({ key, owner: 'patient', leaseMs: 5_000, fair: true, queueTimeoutMs: 10_000 })).toMatchObject({ granted: false });
+      expect(await store.acquire({ key, owner: 'hasty', leaseMs: 5_000, fair: true, queueTimeoutMs: 300 })).toMatchObject({ granted: false });
+      for (const name of queueKeys(key)) expect(await raw.pttl(name)).toBeGreaterThan(19_000);
+      // Past 2 of the hasty waiter's place timeouts, the release hands the lock to the patient one.
+      const from = await redisNowMs(raw);
+      await until(async () => (await redisNowMs(raw)) > from + 700, 5_000, '700 ms of Redis time');
+      await holder.release();
+      handed = (await raw.hget(`lock:{${key}}`, 'patient')) === '1';
+      expect(handed).toBe(true);
+    } finally {
+      if (handed) expect(await store.release(key, 'patient')).toBe(0);
+      else await store.abandon(key, 'patient', 'exclusive', true);
+    }
+  });
 
   it('grants in request order across 2 processes', async () => {
     const key = 'fair:order';

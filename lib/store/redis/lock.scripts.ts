@@ -82,6 +82,15 @@ function nextToken(time: string, lifetime = 'ARGV[3]'): string {
 }
 
 /**
+ * Lua statement: set `key`'s expiry to `ms` unless it already ends later. The waiting places of
+ * a lock share one key, and a waiter whose place timeout is shorter (another service's
+ * `fairQueueTimeoutMs`) must not cut the places of the waiters with longer ones.
+ */
+function lengthen(key: string, ms: string): string {
+  return `if redis.call('pttl', ${key}) < ${ms} then redis.call('pexpire', ${key}, ${ms}) end`;
+}
+
+/**
  * Lua fragment: grant a free lock to `owner` with a fresh fencing token and return. `timeExpr`
  * yields Redis TIME ({seconds, microseconds}); it is not evaluated when the counter's lifetime
  * ARGV[3] is `0` (no tokens: TIME is one of the dearest calls a grant makes). Expects locals lock,
@@ -216,9 +225,7 @@ if redis.call('exists', lock) == 0 then
 end
 if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
 redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
-redis.call('pexpire', queue, 2 * queueTimeout)
-redis.call('pexpire', timeouts, 2 * queueTimeout)
-redis.call('pexpire', leases, 2 * queueTimeout)
+for _, k in ipairs({queue, timeouts, leases}) do ${lengthen('k', '2 * queueTimeout')} end
 return {0, redis.call('pttl', lock), ${currentToken}}
 `;
 
@@ -348,7 +355,7 @@ return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
  * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
  * The lease is the lock's, and other holders (other readers, the owner's other side) each count on
  * their own: a renewal sets it shorter (extend() to less) only for a holder alone, and otherwise
- * only lengthens it. The hash's other fields, \`:mode\` and \`:handed\`, hold nothing.
+ * only lengthens it. The hash's other fields, `:mode` and `:handed`, hold nothing.
  * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
  */
 export const RENEW = `
@@ -475,7 +482,7 @@ ${reenter}
 if redis.call('hexists', lock, owner .. ':read') == 1 then return {-1} end
 ${liveWriters}
 redis.call('zadd', writers, nowMs + tonumber(ARGV[4]), owner)
-redis.call('pexpire', writers, 2 * tonumber(ARGV[4]))
+${lengthen('writers', '2 * tonumber(ARGV[4])')}
 return {0, redis.call('pttl', lock)}
 `;
 
