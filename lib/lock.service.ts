@@ -999,7 +999,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       try {
         if (lock.holds === 0 && keepMs > 0) {
           // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
-          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode }]));
+          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode, exact: true }]));
           left = kept ? 0 : -1;
         } else {
           left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds, lock.holds > 0));
@@ -1034,7 +1034,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const start = this.time.now();
     let ok: boolean | undefined;
     try {
-      [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode }]));
+      [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true }]));
     } catch (error) {
       throw new LockBackendError('extend', lock.key, error);
     }

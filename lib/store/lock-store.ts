@@ -48,7 +48,7 @@ export interface LockStore {
   /** Drops every hold of `owner` in `mode` on `key` at once (after a loss, at shutdown). True when something was dropped. */
   releaseAll(key: string, owner: string, mode?: LockMode): Promise<boolean>;
 
-  /** Sets the lease of each entry to its `leaseMs` if its owner still holds it. One boolean per entry, in order. */
+  /** Renews the lease of each entry to at least its `leaseMs` (see `exact`) if its owner still holds it. One boolean per entry, in order. */
   renew(entries: readonly RenewRequest[]): Promise<boolean[]>;
 
   /**
@@ -173,6 +173,12 @@ export interface RenewRequest {
   leaseMs: number;
   /** Default `exclusive`. */
   mode?: LockMode;
+  /**
+   * Set the lease to `leaseMs` even when that is shorter than what is left (extend(), minHoldMs's
+   * last release), which a holder alone may. Without it (the watchdog) a renewal only lengthens the
+   * lease: the lock's other holders, and the same owner in another process, count on it as it is.
+   */
+  exact?: boolean;
 }
 
 export interface LockState {

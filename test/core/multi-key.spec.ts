@@ -238,10 +238,12 @@ describe('multi-key locks', () => {
     expect(await held('p:1', 'p:2')).toBe(0);
   });
 
-  it("extend() sets every key's remaining lease, and the watchdog then renews each key with that lease", async () => {
+  it("extend() sets every key's remaining lease, shorter too, and the watchdog then renews each key with that lease", async () => {
     const fixed = await app.locks.acquire(['x:1', 'x:2'], { leaseMs: 1_000 });
     await fixed.extend(20_000);
     for (const key of ['x:1', 'x:2']) expect(await app.locks.remainingTtl(key)).toBeGreaterThan(19_000);
+    await fixed.extend(2_000);
+    for (const key of ['x:1', 'x:2']) expect(await app.locks.remainingTtl(key)).toBeLessThanOrEqual(2_000);
     await fixed.release();
     const renewing = await app.locks.acquire(['x:3', 'x:4']); // the module's 600 ms lease, renewed
     await renewing.extend(3_000);

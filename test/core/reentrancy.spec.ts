@@ -6,7 +6,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { CapturingLogger, gate, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { CapturingLogger, gate, nextEvent, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
@@ -243,6 +243,27 @@ describe('owners and reentrancy', () => {
       expect(b.holdCount).toBe(2);
       await a.release();
       expect(await second.locks.holdCount(key, { owner: 'transfer-1' })).toBe(1);
+      await b.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await second.close();
+    }
+  });
+
+  it("keeps the lease of the process a lock is handed to when the first one renews a shorter lease and leaves", async () => {
+    // One owner, one hash field in two processes: before, the first process's renewal set the
+    // lock's lease to its own 900 ms, and the lock ended soon after it left, with the second
+    // process holding it until its next renewal (at 3 s) told it.
+    const key = 'token:handover-lease';
+    const second = await startLockApp({ redis: redis.url });
+    try {
+      const a = await app.locks.acquire(key, { owner: 'transfer-2', leaseMs: 900, watchdog: true });
+      const b = await second.locks.acquire(key, { owner: 'transfer-2', leaseMs: 9_000, watchdog: true, waitMs: 0 });
+      await nextEvent(app.locks.events$, 'renewed', (e) => e.key === key);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(900);
+      await a.release();
+      await expect(app.locks.acquire(key, { waitMs: 1_500 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      expect(b.isHeld).toBe(true);
       await b.release();
       expect(await app.locks.isLocked(key)).toBe(false);
     } finally {

@@ -124,7 +124,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.releaseAll('contract:read-lease', 'B', 'read')).toBe(true);
   });
 
-  it("never shortens the lease of the lock's other holders when a holder renews: only a holder alone sets it shorter", async () => {
+  it("never shortens a lock's lease when a holder renews; only a holder alone sets it shorter, and only when asked to (extend())", async () => {
     const ttl = async (key: string) => (await store.inspect(key, undefined)).ttlMs;
     // Two readers: the first renews its short lease, and the second's long one stays.
     const key = 'contract:renew-shared';
@@ -132,12 +132,16 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     await store.acquire({ key, owner: 'R2', leaseMs: 20_000, mode: 'read' });
     expect(await store.renew([{ key, owner: 'R1', leaseMs: 1_000, mode: 'read' }])).toEqual([true]);
     expect(await ttl(key)).toBeGreaterThan(19_000);
+    expect(await store.renew([{ key, owner: 'R1', leaseMs: 1_000, mode: 'read', exact: true }])).toEqual([true]);
+    expect(await ttl(key)).toBeGreaterThan(19_000);
     // A renewal that Redis runs after the holder's release changes nothing.
     expect(await store.releaseAll(key, 'R1', 'read')).toBe(true);
     expect(await store.renew([{ key, owner: 'R1', leaseMs: 1_000, mode: 'read' }])).toEqual([false]);
     expect(await ttl(key)).toBeGreaterThan(19_000);
-    // The reader left alone may shorten its own lease (extend() to less).
+    // The reader left alone may shorten its own lease (extend() to less); a renewal never does.
     expect(await store.renew([{ key, owner: 'R2', leaseMs: 2_000, mode: 'read' }])).toEqual([true]);
+    expect(await ttl(key)).toBeGreaterThan(19_000);
+    expect(await store.renew([{ key, owner: 'R2', leaseMs: 2_000, mode: 'read', exact: true }])).toEqual([true]);
     expect(await ttl(key)).toBeLessThanOrEqual(2_000);
     expect(await store.releaseAll(key, 'R2', 'read')).toBe(true);
     expect(await store.renew([{ key, owner: 'R2', leaseMs: 2_000, mode: 'read' }])).toEqual([false]);
@@ -148,18 +152,20 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     for (const [side, name] of [['write', 'contract:renew-sides-rw'], ['exclusive', 'contract:renew-sides']] as const) {
       await store.acquire({ key: name, owner: 'W', leaseMs: 20_000, mode: side });
       await store.acquire({ key: name, owner: 'W', leaseMs: 1_000, mode: 'read' });
-      expect(await store.renew([{ key: name, owner: 'W', leaseMs: 1_000, mode: 'read' }])).toEqual([true]);
+      expect(await store.renew([{ key: name, owner: 'W', leaseMs: 1_000, mode: 'read', exact: true }])).toEqual([true]);
       expect(await ttl(name)).toBeGreaterThan(19_000);
       // The other way round: the read side (20 s now) outlives a shorter lease of the first side.
-      expect(await store.renew([{ key: name, owner: 'W', leaseMs: 20_000, mode: 'read' }, { key: name, owner: 'W', leaseMs: 2_000, mode: side }])).toEqual([true, true]);
+      expect(await store.renew([{ key: name, owner: 'W', leaseMs: 20_000, mode: 'read' }, { key: name, owner: 'W', leaseMs: 2_000, mode: side, exact: true }])).toEqual([true, true]);
       expect(await ttl(name)).toBeGreaterThan(19_000);
       expect(await store.releaseAll(name, 'W', side)).toBe(true);
       expect(await store.releaseAll(name, 'W', 'read')).toBe(true);
     }
 
-    // An exclusive lock's holder alone, also one handed over in fair mode, sets it shorter.
+    // An exclusive lock's holder alone, also one handed over in fair mode, sets it shorter when asked.
     await store.acquire({ key: 'contract:renew-alone', owner: 'A', leaseMs: 20_000 });
     expect(await store.renew([{ key: 'contract:renew-alone', owner: 'A', leaseMs: 2_000 }])).toEqual([true]);
+    expect(await ttl('contract:renew-alone')).toBeGreaterThan(19_000);
+    expect(await store.renew([{ key: 'contract:renew-alone', owner: 'A', leaseMs: 2_000, exact: true }])).toEqual([true]);
     expect(await ttl('contract:renew-alone')).toBeLessThanOrEqual(2_000);
     expect(await store.releaseAll('contract:renew-alone', 'A')).toBe(true);
     expect(await store.renew([{ key: 'contract:renew-alone', owner: 'A', leaseMs: 2_000 }])).toEqual([false]);
@@ -173,7 +179,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     b.close();
     if (kind === 'memory') expect((await store.acquire({ key: handed, owner: 'B', ...fair })).granted).toBe(true);
     expect(await store.renew([{ key: handed, owner: 'B', leaseMs: 20_000 }])).toEqual([true]);
-    expect(await store.renew([{ key: handed, owner: 'B', leaseMs: 2_000 }])).toEqual([true]);
+    expect(await store.renew([{ key: handed, owner: 'B', leaseMs: 2_000, exact: true }])).toEqual([true]);
     expect(await ttl(handed)).toBeLessThanOrEqual(2_000);
     expect(await store.release(handed, 'B')).toBe(0);
   });

@@ -110,11 +110,11 @@ export class MemoryLockStore implements LockStore {
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    return entries.map(({ key, owner, leaseMs, mode = 'exclusive' }) => {
+    return entries.map(({ key, owner, leaseMs, mode = 'exclusive', exact }) => {
       const lock = this.live(key);
       if (!lock?.fields.has(holderField(owner, mode))) return false;
       // Other holders count on the lease as it is: only a holder alone sets it shorter (see RENEW).
-      if (lock.fields.size === 1) lock.expiresAt = clock() + leaseMs;
+      if (exact && lock.fields.size === 1) lock.expiresAt = clock() + leaseMs;
       else lock.extendTo(leaseMs);
       return true;
     });

@@ -351,23 +351,22 @@ return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
 `;
 
 /**
- * Renew many locks in one call, each only if its owner still holds it.
+ * Renew many locks in one call, each only if its owner still holds it (`RENEW`, the watchdog).
  * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
- * The lease is the lock's, and other holders (other readers, the owner's other side) each count on
- * their own: a renewal sets it shorter (extend() to less) only for a holder alone, and otherwise
- * only lengthens it. The hash's other fields, `:mode` and `:handed`, hold nothing.
+ * A lock has one lease, and each of its holders (other readers, the owner's other side, the same
+ * owner in another process) counts on it as it was last set: a renewal only lengthens it.
+ * `SET_LEASE` (extend(), and minHoldMs's last release) sets it shorter too, but only for a holder
+ * alone; the hash's other fields, `:mode` and `:handed`, hold nothing.
  * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
  */
-export const RENEW = `
+function renewScript(setShorter: boolean): string {
+  const alone = `redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1`;
+  return `
 local out = {}
 for i = 1, #KEYS do
   local lock, lease = KEYS[i], tonumber(ARGV[2 * i])
   if redis.call('hexists', lock, ARGV[2 * i - 1]) == 1 then
-    local fields = redis.call('hlen', lock)
-    if fields == 1 or redis.call('pttl', lock) < lease
-      or fields - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1 then
-      redis.call('pexpire', lock, lease)
-    end
+    if redis.call('pttl', lock) < lease${setShorter ? ` or ${alone}` : ''} then redis.call('pexpire', lock, lease) end
     out[i] = 1
   else
     out[i] = 0
@@ -375,6 +374,9 @@ for i = 1, #KEYS do
 end
 return out
 `;
+}
+export const RENEW = renewScript(false);
+export const SET_LEASE = renewScript(true);
 
 /**
  * Read a lock's state.

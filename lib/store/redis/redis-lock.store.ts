@@ -24,6 +24,7 @@ import {
   RELEASE_ALL_RW,
   RELEASE_RW,
   RENEW,
+  SET_LEASE,
 } from './lock.scripts.js';
 import { RedisScript } from './redis-script.js';
 import { LockConfigurationError } from '../../errors/lock-configuration.error.js';
@@ -45,6 +46,7 @@ const scripts = {
   releaseAll: new RedisScript('releaseAll', RELEASE_ALL),
   releaseAllRw: new RedisScript('releaseAllRw', RELEASE_ALL_RW),
   renew: new RedisScript('renew', RENEW),
+  setLease: new RedisScript('setLease', SET_LEASE),
   inspect: new RedisScript('inspect', INSPECT),
   holders: new RedisScript('holders', HOLDERS),
   forceUnlock: new RedisScript('forceUnlock', FORCE_UNLOCK),
@@ -654,23 +656,25 @@ export class RedisLockStore implements LockStore {
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    // One script call per batch; on a Cluster a batch holds keys of one slot only.
-    const groups = new Map<number, number[]>();
+    // One script call per batch; on a Cluster a batch holds keys of one slot only, and the leases
+    // set exactly (extend()) go in batches of their own.
+    const groups = new Map<string, number[]>();
     entries.forEach((e, i) => {
-      const slot = this.renewalGroup(e.key);
-      const group = groups.get(slot);
-      if (group) group.push(i);
-      else groups.set(slot, [i]);
+      const group = `${this.renewalGroup(e.key)}${e.exact ? ' exact' : ''}`;
+      const indexes = groups.get(group);
+      if (indexes) indexes.push(i);
+      else groups.set(group, [i]);
     });
     const results = new Array<boolean>(entries.length);
     const calls: Promise<void>[] = [];
     for (const indexes of groups.values()) {
+      const script = entries[indexes[0]!]!.exact ? scripts.setLease : scripts.renew;
       for (let i = 0; i < indexes.length; i += RENEW_BATCH) {
         const batch = indexes.slice(i, i + RENEW_BATCH);
         const keys = batch.map((j) => this.lockName(entries[j]!.key));
         const args = batch.flatMap((j) => [holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive'), entries[j]!.leaseMs]);
         calls.push(
-          scripts.renew.run(this.client, keys, args).then((reply) => {
+          script.run(this.client, keys, args).then((reply) => {
             (reply as number[]).forEach((r, k) => (results[batch[k]!] = Number(r) === 1));
           }),
         );
