@@ -67,7 +67,7 @@ export interface LockModuleOptions {
   stepTimeoutMs?: number;
   /** What a `@Locked` method does when another owner holds its lock. Default `'wait'`. */
   onContention?: ContentionPolicy;
-  /** Default `minHoldMs` of `@Locked` methods. Default 0. */
+  /** Default `minHoldMs` of `@Locked` methods (not of read locks). Default 0. */
   minHoldMs?: number;
   /** The HTTP status of a `@Locked` controller handler that could not get its lock: 409 (default) or 423. */
   contendedHttpStatus?: 409 | 423;
@@ -167,6 +167,8 @@ export interface LockedOptions {
    * Keep the lock at least this long after it was taken, even if the method finished sooner (as
    * ShedLock's lockAtLeastFor): an instance whose trigger fires a little later then skips the same
    * tick instead of running it again. The rest of the time is left as a fixed lease in Redis.
+   * Exclusive and write locks only: refused with `mode: 'read'`, and the module's default does not
+   * apply to read locks.
    */
   minHoldMs?: number;
 }
@@ -424,8 +426,15 @@ export function validateLockedOptions(options: unknown, where: string): LockedOp
       `${where}: onContention '${policy}' tries the lock once and never waits; leave waitMs out, or use onContention 'wait' to wait up to ${waitMs} ms.`,
     );
   }
-  duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 });
-  exclusiveIfFair(bool(o.fair, 'fair', where, false), modeOption(o.mode, where), where);
+  const minHoldMs = duration(o.minHoldMs, 'minHoldMs', where, { min: 0, fallback: 0 });
+  const mode = modeOption(o.mode, where);
+  exclusiveIfFair(bool(o.fair, 'fair', where, false), mode, where);
+  if (minHoldMs > 0 && mode === 'read') {
+    throw new LockConfigurationError(
+      'minHoldMs',
+      `${where}: minHoldMs keeps an exclusive or write lock after the call; a read lock is shared, and Redis keeps one lease for all its readers, so a read hold kept after the call would last as long as the other readers keep the lock. Leave minHoldMs out, or use mode 'write'.`,
+    );
+  }
   return o as LockedOptions;
 }
 

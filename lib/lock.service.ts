@@ -406,7 +406,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       const acquire = resolveLockOptions(lockOptions, this.options, spec.where);
       plan = {
         policy,
-        minHoldMs: minHoldMs ?? this.options.minHoldMs,
+        // A read lock is shared, with one lease in Redis for all its readers: a read hold kept
+        // after the call would last as long as the others keep the lock (validateLockedOptions).
+        minHoldMs: acquire.mode === 'read' ? 0 : (minHoldMs ?? this.options.minHoldMs),
         acquire: policy === 'wait' ? acquire : { ...acquire, waitMs: 0 },
       };
       this.plans.set(spec, plan);

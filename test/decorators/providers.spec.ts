@@ -530,7 +530,29 @@ describe("@Locked under the module's onContention and minHoldMs", () => {
     async run(id: string) {
       return `ran ${id}`;
     }
+
+    @Locked('doc:<0>', { mode: 'read' })
+    async read(id: string) {
+      return `read ${id}`;
+    }
   }
+
+  it("leaves nothing of a read method's hold after the call: minHoldMs keeps exclusive and write locks only", async () => {
+    // Redis keeps one lease for all the readers of a key: a read hold kept for minHoldMs stayed as
+    // long as the other readers kept the lock alive, and kept writers out after they left.
+    const redis = await RedisServer.start();
+    const app = await startLockApp({ redis: redis.url, minHoldMs: 5_000 }, [Jobs]);
+    try {
+      const other = await elsewhere(() => app.locks.readLock('doc:1', { leaseMs: 30_000 }));
+      expect(await app.moduleRef.get(Jobs).read('1')).toBe('read 1');
+      expect(Object.keys(await redis.client().hgetall('lock:{doc:1}'))).toEqual([':mode', `${other.owner}:read`]);
+      await other.release();
+      expect(await app.locks.isLocked('doc:1')).toBe(false);
+    } finally {
+      await app.close();
+      await redis.stop();
+    }
+  });
   it('applies them to a @Locked method that sets neither: the lock stays after the call, and a second call skips at once', async () => {
     const redis = await RedisServer.start();
     const app = await startLockApp({ redis: redis.url, onContention: 'skip', minHoldMs: 5_000, waitMs: 60_000 }, [Jobs]);
