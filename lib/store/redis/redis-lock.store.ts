@@ -658,9 +658,9 @@ export class RedisLockStore implements LockStore {
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
     // One script call per batch; on a Cluster a batch holds keys of one slot only, and the leases
     // set exactly (extend()) go in batches of their own.
-    const groups = new Map<string, number[]>();
+    const groups = new Map<number, number[]>();
     entries.forEach((e, i) => {
-      const group = `${this.renewalGroup(e.key)}${e.exact ? ' exact' : ''}`;
+      const group = 2 * this.renewalGroup(e.key) + (e.exact ? 1 : 0);
       const indexes = groups.get(group);
       if (indexes) indexes.push(i);
       else groups.set(group, [i]);
