@@ -364,9 +364,10 @@ function renewScript(setShorter: boolean): string {
   return `
 local out = {}
 for i = 1, #KEYS do
-  local lock, lease = KEYS[i], tonumber(ARGV[2 * i])
+  local lock, lease = KEYS[i], ARGV[2 * i]
   if redis.call('hexists', lock, ARGV[2 * i - 1]) == 1 then
-    if redis.call('pttl', lock) < lease${setShorter ? ` or ${alone}` : ''} then redis.call('pexpire', lock, lease) end
+    -- The lease goes to PEXPIRE as the string it came in as: Lua formats a number with sprintf.
+    if redis.call('pttl', lock) < tonumber(lease)${setShorter ? ` or ${alone}` : ''} then redis.call('pexpire', lock, lease) end
     out[i] = 1
   else
     out[i] = 0
