@@ -12,7 +12,7 @@ import { LockLostError, type LockLossReason } from './errors/lock-lost.error.js'
 import { LockNotAcquiredError } from './errors/lock-not-acquired.error.js';
 import { LockUpgradeError } from './errors/lock-upgrade.error.js';
 import { HeldLock, heldLockId } from './held-lock.js';
-import { realTime, withTimeout, type Time } from './internal/time.js';
+import { realTime, withTimeout, type Time, type Timer } from './internal/time.js';
 import { OutageLog } from './internal/outage-log.js';
 import { anySignal } from './internal/any-signal.js';
 import { LOCK_MODULE_OPTIONS } from './lock.constants.js';
@@ -112,6 +112,12 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private readonly acquiringIds = new Map<string, number>();
   private lastAcquisitionEnded: (() => void) | undefined;
+  /**
+   * Write (or exclusive) holds kept for `minHoldMs` while this process still holds the owner's read
+   * side of the same lock (a downgrade): Redis keeps one lease for both sides, which the read side's
+   * renewals keep alive, so a timer gives the kept hold back when `minHoldMs` is up (see keepHold).
+   */
+  private readonly kept = new Set<KeptHold>();
 
   /**
    * Everything that happens to locks of this service: acquired, reentered, released, contended,
@@ -1001,8 +1007,11 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       try {
         if (lock.holds === 0 && keepMs > 0) {
           // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
-          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: Math.ceil(keepMs), mode: lock.mode, exact: true }]));
+          const leaseMs = Math.ceil(keepMs);
+          const sent = this.time.now();
+          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true }]));
           left = kept ? 0 : -1;
+          if (kept && lock.mode !== 'read' && this.holdsHere(lock.owner, lock.key, 'read')) this.keepHold(lock, sent + leaseMs);
         } else {
           left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds, lock.holds > 0));
         }
@@ -1024,6 +1033,42 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     } finally {
       takeAlong?.recorded();
     }
+  }
+
+  /**
+   * The owner still holds the read side of a write (or exclusive) lock whose last hold is kept until
+   * `until` (minHoldMs): the lease set for it is not the kept hold's alone (a holder alone sets
+   * it exactly; here the lease was only lengthened, and the read side's renewals keep it). Without
+   * this the write hold would stay as long as the read side is held and its lease after, keeping
+   * readers out. Given back at `until` (the service's clock); at shutdown, left alone in Redis for
+   * the rest of it (see close).
+   */
+  private keepHold(lock: HeldLock, until: number): void {
+    const hold: KeptHold = { key: lock.key, owner: lock.owner, mode: lock.mode, until, timer: undefined };
+    hold.timer = this.time.setTimeout(() => {
+      this.kept.delete(hold);
+      void this.giveBackHold(hold.key, hold.owner, hold.mode).then(
+        () => {
+          if (this.releaseFailureLog.active) this.releaseFailureLog.recovered();
+        },
+        (error: unknown) => this.releaseFailureLog.failed(`could not give back the hold kept for minHoldMs of "${hold.key}"; its lease will free it: ${String(error)}`),
+      );
+    }, Math.max(0, until - this.time.now()));
+    hold.timer.unref();
+    this.kept.add(hold);
+  }
+
+  /** At shutdown, after the read sides were taken back: each kept hold stays alone for the rest of its `minHoldMs`. */
+  private settleKeptHolds(): Promise<unknown> {
+    return Promise.all(
+      [...this.kept].map((hold) => {
+        this.kept.delete(hold);
+        if (hold.timer) this.time.clearTimeout(hold.timer);
+        const leaseMs = Math.ceil(hold.until - this.time.now());
+        const settle = leaseMs > 0 ? this.store.renew([{ key: hold.key, owner: hold.owner, leaseMs, mode: hold.mode, exact: true }]) : this.giveBackHold(hold.key, hold.owner, hold.mode);
+        return settle.catch(() => undefined);
+      }),
+    );
   }
 
   /** @internal */
@@ -1208,13 +1253,23 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
       // an attempt in flight that comes back granted gives its grant back (see granted()).
       this.shutdown.abort();
       const acquisitionsEnded = this.acquiring === 0 ? undefined : new Promise<void>((resolve) => (this.lastAcquisitionEnded = resolve));
-      const releases = [...this.held.values()].map((lock) => this.markLost(lock, 'shutdown'));
-      await withTimeout(Promise.all([...releases, acquisitionsEnded]), SHUTDOWN_RELEASE_MS, () => new Error('timeout')).catch(() => undefined);
+      const releases = Promise.all([...this.held.values()].map((lock) => this.markLost(lock, 'shutdown'))).then(() => this.settleKeptHolds());
+      await withTimeout(Promise.all([releases, acquisitionsEnded]), SHUTDOWN_RELEASE_MS, () => new Error('timeout')).catch(() => undefined);
       await this.store.close();
       this.events.complete();
     })();
     return this.closing;
   }
+}
+
+/** A hold kept for `minHoldMs` that a timer gives back (see LockService.keepHold). */
+interface KeptHold {
+  key: string;
+  owner: string;
+  mode: LockMode;
+  /** When `minHoldMs` is up, on the service's clock. */
+  until: number;
+  timer: Timer | undefined;
 }
 
 /** What `LockService.health()` reports. */

@@ -587,6 +587,66 @@ describe("@Locked under the module's onContention and minHoldMs", () => {
   });
 });
 
+describe('minHoldMs on a write method whose owner still reads the lock (a downgrade)', () => {
+  @Injectable()
+  class Docs {
+    constructor(readonly locks: LockService) {}
+
+    /** Rewrites, then keeps reading: returns a read hold of the same owner that outlives the call. */
+    @Locked('doc:<0>', { mode: 'write', minHoldMs: 1_000 })
+    async rewriteThenRead(id: string) {
+      return this.locks.readLock(`doc:${id}`);
+    }
+
+    @Locked('page:<0>', { mode: 'write', minHoldMs: 20_000 })
+    async rewritePageThenRead(id: string) {
+      return this.locks.readLock(`page:${id}`);
+    }
+  }
+
+  // Redis keeps one lease for both sides, renewed by the read side: the write hold kept for
+  // minHoldMs stayed as long as the read side was held, keeping every other reader out.
+  it.each(['redis', 'memory'] as const)('keeps other readers out until minHoldMs is up, then lets them in beside the read side (%s store)', async (store) => {
+    const redis = store === 'redis' ? await RedisServer.start() : undefined;
+    const app = await startLockApp(redis ? { redis: redis.url } : { store: 'memory' }, [Docs]);
+    try {
+      const started = performance.now();
+      const read = await app.moduleRef.get(Docs).rewriteThenRead('1');
+      await expect(elsewhere(() => app.locks.readLock('doc:1', { waitMs: 0 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
+      // Woken by the release of the kept write hold (before, this reader gave up after 5 s).
+      const other = await elsewhere(() => app.locks.readLock('doc:1', { waitMs: 5_000 }));
+      expect(performance.now() - started).toBeGreaterThanOrEqual(999);
+      expect(await app.locks.holdCount('doc:1', { owner: read.owner, mode: 'read' })).toBe(1);
+      await other.release();
+      await read.release();
+      expect(await app.locks.isLocked('doc:1')).toBe(false);
+    } finally {
+      await app.close();
+      await redis?.stop();
+    }
+  });
+
+  it('leaves the kept write hold alone in Redis for the rest of minHoldMs when the app shuts down', async () => {
+    const redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await startLockApp({ redis: redis.url }, [Docs]);
+    try {
+      const read = await app.moduleRef.get(Docs).rewritePageThenRead('1');
+      const returned = performance.now();
+      await app.close();
+      // Shutdown took the read side back; the write hold stays alone, on what is left of its 20 s
+      // (before, on the read side's 30 s lease); + 1: the lease is rounded up to a whole ms.
+      expect(Object.keys(await raw.hgetall('lock:{page:1}'))).toEqual([read.owner]);
+      const ttl = await raw.pttl('lock:{page:1}');
+      expect(ttl).toBeGreaterThan(0);
+      expect(ttl).toBeLessThanOrEqual(20_000 - (performance.now() - returned) + 1);
+    } finally {
+      await app.close();
+      await redis.stop();
+    }
+  });
+});
+
 describe('@Locked with a LockService a test replaced by a mock', () => {
   @Injectable()
   class Payments {
