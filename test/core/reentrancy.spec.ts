@@ -6,7 +6,7 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { CapturingLogger, gate, nextEvent, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, CapturingLogger, gate, nextEvent, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
@@ -100,6 +100,20 @@ describe('owners and reentrancy', () => {
       await inner.release();
     }, { leaseMs: 400 });
     expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
+  it("keeps a fixed lease fixed when a re-entry asks for the watchdog: the outermost hold decides, and the lock ends with the re-entry's lease", async () => {
+    const key = 'reentrant:fixed-then-watchdog';
+    await app.locks.run(key, async (outer) => {
+      const inner = await app.locks.acquire(key, { leaseMs: 1_000, watchdog: true });
+      expect(inner.holdCount).toBe(2);
+      // Not renewed: the lease the re-entry lengthened the lock to runs out, and both handles are told.
+      expect(await aborted(inner.signal)).toMatchObject({ name: 'LockLostError', reason: 'lease-expired' });
+      expect(outer.signal.aborted).toBe(true);
+      // Its take-back was sent before this, on the same connection.
+      expect(await app.locks.isLocked(key)).toBe(false);
+      await inner.release();
+    }, { leaseMs: 400 });
   });
 
   it('re-enters however deep in awaits and timers the nested call is', async () => {
