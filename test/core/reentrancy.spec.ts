@@ -116,6 +116,19 @@ describe('owners and reentrancy', () => {
     }, { leaseMs: 400 });
   });
 
+  it('keeps renewing a lock under the watchdog when a re-entry asks for a fixed lease', async () => {
+    const key = 'reentrant:watchdog-then-fixed';
+    await app.locks.run(key, async (outer) => {
+      const inner = await app.locks.acquire(key, { leaseMs: 300 });
+      const pastBothLeases = performance.now() + 1_200;
+      await until(async () => performance.now() > pastBothLeases, 5_000, 'the clock stood still');
+      expect(inner.isHeld && outer.isHeld).toBe(true);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(0);
+      await inner.release();
+    }, { leaseMs: 500, watchdog: true });
+    expect(await app.locks.isLocked(key)).toBe(false);
+  });
+
   it('re-enters however deep in awaits and timers the nested call is', async () => {
     const key = 'reentrant:deep';
     await app.locks.run(key, async () => {
