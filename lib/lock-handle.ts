@@ -7,7 +7,7 @@ import type { LockMode } from './store/lock-store.js';
 export interface LockHandleHost {
   /** Declares the lock lost now if its lease deadline has passed (the watchdog's timer may not have run yet). */
   checkDeadline(lock: HeldLock): void;
-  releaseHandle(lock: HeldLock, keepMs?: number): Promise<void>;
+  releaseHandle(lock: HeldLock, keepMs?: number, context?: LockContext): Promise<void>;
   extendHandle(lock: HeldLock, leaseMs: number, handle: LockHandle): Promise<void>;
   runInContext<T>(context: LockContext, fn: () => T): T;
   /** Why grants carry no fencing token (a sentence that says what to change), or undefined when they do. */
@@ -107,7 +107,7 @@ export class LockHandle {
   releaseAfter(keepMs: number): Promise<void> {
     if (this.isReleased) return Promise.resolve();
     this.isReleased = true;
-    return this.host.releaseHandle(this.lock, keepMs);
+    return this.host.releaseHandle(this.lock, keepMs, this.context);
   }
 
   /**

@@ -113,9 +113,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private readonly acquiringIds = new Map<string, number>();
   private lastAcquisitionEnded: (() => void) | undefined;
   /**
-   * Write (or exclusive) holds kept for `minHoldMs` while this process still holds the owner's read
-   * side of the same lock (a downgrade): Redis keeps one lease for both sides, which the read side's
-   * renewals keep alive, so a timer gives the kept hold back when `minHoldMs` is up (see keepHold).
+   * Write (or exclusive) holds kept for `minHoldMs` whose owner may read the lock meanwhile (see
+   * keepHold): a timer gives each back when `minHoldMs` is up.
    */
   private readonly kept = new Set<KeptHold>();
 
@@ -995,7 +994,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /** @internal */
-  async releaseHandle(lock: HeldLock, keepMs = 0): Promise<void> {
+  async releaseHandle(lock: HeldLock, keepMs = 0, context?: LockContext): Promise<void> {
     if (lock.lost) return;
     lock.holds--;
     // Stop renewing before the release is sent: no renewal can follow it.
@@ -1011,7 +1010,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           const sent = this.time.now();
           const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true }]));
           left = kept ? 0 : -1;
-          if (kept && lock.mode !== 'read' && this.holdsHere(lock.owner, lock.key, 'read')) this.keepHold(lock, sent + leaseMs);
+          if (kept && lock.mode !== 'read' && (this.holdsHere(lock.owner, lock.key, 'read') || (context && this.ownerGoesOn(context)))) this.keepHold(lock, sent + leaseMs);
         } else {
           left = await this.step(this.store.release(lock.key, lock.owner, lock.mode, takeAlong, this.countHolds, lock.holds > 0));
         }
@@ -1036,12 +1035,12 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * The owner still holds the read side of a write (or exclusive) lock whose last hold is kept until
-   * `until` (minHoldMs): the lease set for it is not the kept hold's alone (a holder alone sets
-   * it exactly; here the lease was only lengthened, and the read side's renewals keep it). Without
-   * this the write hold would stay as long as the read side is held and its lease after, keeping
-   * readers out. Given back at `until` (the service's clock); at shutdown, left alone in Redis for
-   * the rest of it (see close).
+   * The last hold of a write (or exclusive) lock is kept in Redis until `until` (minHoldMs), and its
+   * owner holds the lock's read side, or may take it before then (its context goes on: see
+   * ownerGoesOn). Redis keeps one lease for both sides, which the read side's renewals keep alive,
+   * so the kept hold would stay as long as the read side is held, and its lease after, keeping
+   * readers out. A timer gives it back at `until` (the service's clock); at shutdown it is left
+   * alone in Redis for the rest of its time (see close).
    */
   private keepHold(lock: HeldLock, until: number): void {
     const hold: KeptHold = { key: lock.key, owner: lock.owner, mode: lock.mode, until, timer: undefined };
@@ -1056,6 +1055,18 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     }, Math.max(0, until - this.time.now()));
     hold.timer.unref();
     this.kept.add(hold);
+  }
+
+  /**
+   * Whether the owner of `context` (the context a hold was taken in) goes on after that hold: a lock
+   * of an outer context is still held (as `current()` finds it), or the owner was given by name.
+   */
+  private ownerGoesOn(context: LockContext): boolean {
+    if (!this.madeHere(context.owner)) return true;
+    for (let c: LockContext | undefined = context; c; c = c.parent) {
+      if (c.group ? c.group.handles.some((h) => !h.released) : c.handle && !c.handle.released) return true;
+    }
+    return false;
   }
 
   /** At shutdown, after the read sides were taken back: each kept hold stays alone for the rest of its `minHoldMs`. */
