@@ -4,8 +4,8 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, lastValueFrom, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
-import { LockBackendError, Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent } from '../../lib/index.js';
-import { bootstrapFailure, CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within } from '../support/lock-testing.js';
+import { LockBackendError, Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent, type LockHandle } from '../../lib/index.js';
+import { bootstrapFailure, CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
@@ -609,50 +609,41 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
     }
   }
 
+  /** How the owner of the kept write hold comes to read `doc:1`: the read handle it ends up with. */
+  const downgrades: Record<string, (app: LockApp) => Promise<LockHandle>> = {
+    'the method returns a read handle of its own key': (app) => app.moduleRef.get(Docs).rewriteThenRead('1'),
+    // The method runs in the job's context, so its owner is the job's, which then reads the key.
+    'the job that called the method reads the key after it': (app) =>
+      app.locks.run('jobs:hourly', async () => {
+        expect(await app.moduleRef.get(Docs).rewrite('1')).toBe('1');
+        return app.locks.readLock('doc:1');
+      }),
+  };
+
   // Redis keeps one lease for both sides, renewed by the read side: the write hold kept for
   // minHoldMs stayed as long as the read side was held, keeping every other reader out.
-  it.each(['redis', 'memory'] as const)('keeps other readers out until minHoldMs is up, then lets them in beside the read side (%s store)', async (store) => {
-    const redis = store === 'redis' ? await RedisServer.start() : undefined;
-    const app = await startLockApp(redis ? { redis: redis.url } : { store: 'memory' }, [Docs]);
-    try {
-      const started = performance.now();
-      const read = await app.moduleRef.get(Docs).rewriteThenRead('1');
-      await expect(elsewhere(() => app.locks.readLock('doc:1', { waitMs: 0 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
-      // Woken by the release of the kept write hold (before, this reader gave up after 5 s).
-      const other = await elsewhere(() => app.locks.readLock('doc:1', { waitMs: 5_000 }));
-      expect(performance.now() - started).toBeGreaterThanOrEqual(950);
-      expect(await app.locks.holdCount('doc:1', { owner: read.owner, mode: 'read' })).toBe(1);
-      await other.release();
-      await read.release();
-      expect(await app.locks.isLocked('doc:1')).toBe(false);
-    } finally {
-      await app.close();
-      await redis?.stop();
-    }
-  });
-
-  it.each(['redis', 'memory'] as const)('gives the write hold back when minHoldMs is up though the job that called the method reads the lock after it (%s store)', async (store) => {
-    const redis = store === 'redis' ? await RedisServer.start() : undefined;
-    const app = await startLockApp(redis ? { redis: redis.url } : { store: 'memory' }, [Docs]);
-    try {
-      const started = performance.now();
-      // The method runs in the job's context, so its owner is the job's, which then reads the key
-      // while the write hold is kept: a downgrade.
-      const read = await app.locks.run('jobs:hourly', async () => {
-        expect(await app.moduleRef.get(Docs).rewrite('2')).toBe('2');
-        return app.locks.readLock('doc:2');
-      });
-      await expect(elsewhere(() => app.locks.readLock('doc:2', { waitMs: 0 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
-      const other = await elsewhere(() => app.locks.readLock('doc:2', { waitMs: 5_000 }));
-      expect(performance.now() - started).toBeGreaterThanOrEqual(950);
-      await other.release();
-      await read.release();
-      expect(await app.locks.isLocked('doc:2')).toBe(false);
-    } finally {
-      await app.close();
-      await redis?.stop();
-    }
-  });
+  it.each((['redis', 'memory'] as const).flatMap((store) => Object.keys(downgrades).map((way) => [store, way] as const)))(
+    'keeps other readers out until minHoldMs is up, then lets them in beside the read side (%s store; %s)',
+    async (store, way) => {
+      const redis = store === 'redis' ? await RedisServer.start() : undefined;
+      const app = await startLockApp(redis ? { redis: redis.url } : { store: 'memory' }, [Docs]);
+      try {
+        const started = performance.now();
+        const read = await downgrades[way]!(app);
+        await expect(elsewhere(() => app.locks.readLock('doc:1', { waitMs: 0 }))).rejects.toBeInstanceOf(LockNotAcquiredError);
+        // Woken by the release of the kept write hold (before, this reader gave up after 5 s).
+        const other = await elsewhere(() => app.locks.readLock('doc:1', { waitMs: 5_000 }));
+        expect(performance.now() - started).toBeGreaterThanOrEqual(950);
+        expect(await app.locks.holdCount('doc:1', { owner: read.owner, mode: 'read' })).toBe(1);
+        await other.release();
+        await read.release();
+        expect(await app.locks.isLocked('doc:1')).toBe(false);
+      } finally {
+        await app.close();
+        await redis?.stop();
+      }
+    },
+  );
 
   it('leaves the kept write hold alone in Redis for the rest of minHoldMs when the app shuts down', async () => {
     const redis = await RedisServer.start();
