@@ -607,6 +607,11 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
     async rewritePageThenRead(id: string) {
       return this.locks.readLock(`page:${id}`);
     }
+
+    @Locked('page:<0>', { mode: 'write', minHoldMs: 20_000 })
+    async rewritePage(id: string) {
+      return id;
+    }
   }
 
   /** How the owner of the kept write hold comes to read `doc:1`: the read handle it ends up with. */
@@ -645,11 +650,12 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
     },
   );
 
-  it('leaves the kept write hold alone in Redis for the rest of minHoldMs when the app shuts down', async () => {
+  it('leaves kept write holds alone in Redis for the rest of minHoldMs when the app shuts down', async () => {
     const redis = await RedisServer.start();
     const raw = redis.client();
     const app = await startLockApp({ redis: redis.url }, [Docs]);
     try {
+      expect(await app.moduleRef.get(Docs).rewritePage('2')).toBe('2');
       const read = await app.moduleRef.get(Docs).rewritePageThenRead('1');
       const returned = performance.now();
       await app.close();
@@ -657,9 +663,11 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
       // (before, on the read side's 30 s lease). The leases are whole ms, and Redis reads its own
       // clock: a few ms of slack.
       expect(Object.keys(await raw.hgetall('lock:{page:1}'))).toEqual([read.owner]);
-      const ttl = await raw.pttl('lock:{page:1}');
-      expect(ttl).toBeGreaterThan(0);
-      expect(ttl).toBeLessThanOrEqual(20_000 - (performance.now() - returned) + 20);
+      for (const key of ['lock:{page:1}', 'lock:{page:2}']) {
+        const ttl = await raw.pttl(key);
+        expect(ttl).toBeGreaterThan(0);
+        expect(ttl).toBeLessThanOrEqual(20_000 - (performance.now() - returned) + 20);
+      }
     } finally {
       await app.close();
       await redis.stop();
