@@ -1043,6 +1043,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * alone in Redis for the rest of its time (see close).
    */
   private keepHold(lock: HeldLock, until: number): void {
+    // Shutting down: its lease frees it (no timer outlives the service).
+    if (this.closing) return;
     const hold: KeptHold = { key: lock.key, owner: lock.owner, mode: lock.mode, until, timer: undefined };
     hold.timer = this.time.setTimeout(() => {
       this.kept.delete(hold);
