@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis';
 import { performance } from 'node:perf_hooks';
 import { firstValueFrom, isObservable, lastValueFrom, Observable, Observable as RxObservable, Subject, toArray } from 'rxjs';
 import { LockBackendError, Locked, LockConfigurationError, LockKeyError, LockModule, LockNotAcquiredError, LockService, type LockEvent, type LockHandle } from '../../lib/index.js';
-import { bootstrapFailure, CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within, type LockApp } from '../support/lock-testing.js';
+import { asleep, bootstrapFailure, CapturingLogger, elsewhere, gate, nextEvent, startLockApp, within, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, until } from '../support/redis-server.js';
 
 const feeds = new Map<string, Subject<number>>();
@@ -671,6 +671,47 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
     } finally {
       await app.close();
       await redis.stop();
+    }
+  });
+});
+
+describe('minHoldMs and the waiters of the lock it keeps', () => {
+  @Injectable()
+  class Imports {
+    @Locked('import:<0>', { minHoldMs: 400 })
+    async run(_id: string, entered: () => void, finish: Promise<void>) {
+      entered();
+      await finish;
+    }
+  }
+
+  // A waiter sleeps until the lease it last saw ends (the holder's 30 s, renewed) unless a message
+  // wakes it; the lock kept for minHoldMs ends by its lease, with no release message. Before, such
+  // a waiter got the lock only when its own wait (10 s here) ran out.
+  it.each(['redis', 'memory'] as const)('wakes them as the call ends, so that one gets the lock when minHoldMs is up (%s store)', async (store) => {
+    const redis = store === 'redis' ? await RedisServer.start() : undefined;
+    const options = redis ? { redis: redis.url } : { store: 'memory' as const };
+    const app = await startLockApp(options, [Imports]);
+    // On Redis, the waiter is another instance of the application.
+    const waiterApp = redis ? await startLockApp(options) : app;
+    try {
+      const entered = gate();
+      const finish = gate();
+      const started = performance.now();
+      const call = app.moduleRef.get(Imports).run('1', entered.open, finish.promise);
+      await entered.promise;
+      const waiting = elsewhere(() => waiterApp.locks.acquire('import:1', { waitMs: 10_000 }));
+      // Asleep after an attempt that saw the call's lease.
+      await until(async () => asleep(waiterApp, 'import:1') === 1, 5_000, 'the waiter asleep');
+      finish.open();
+      await call;
+      const lock = await within(waiting, 5_000);
+      expect(performance.now() - started).toBeGreaterThanOrEqual(380);
+      await lock.release();
+    } finally {
+      if (waiterApp !== app) await waiterApp.close();
+      await app.close();
+      await redis?.stop();
     }
   });
 });

@@ -113,9 +113,13 @@ export class MemoryLockStore implements LockStore {
     return entries.map(({ key, owner, leaseMs, mode = 'exclusive', exact }) => {
       const lock = this.live(key);
       if (!lock?.fields.has(holderField(owner, mode))) return false;
-      // Other holders count on the lease as it is: only a holder alone sets it shorter (see RENEW).
-      if (exact && lock.fields.size === 1) lock.expiresAt = clock() + leaseMs;
-      else lock.extendTo(leaseMs);
+      // Other holders count on the lease as it is: only a holder alone sets it shorter, and wakes
+      // every waiter to learn it (see SET_LEASE).
+      const at = clock() + leaseMs;
+      if (exact && lock.fields.size === 1 && at < lock.expiresAt) {
+        lock.expiresAt = at;
+        this.waiters.notifyEveryone(key);
+      } else lock.extendTo(leaseMs);
       return true;
     });
   }

@@ -11,7 +11,7 @@
  * | `P{K}:queue:timeouts` | zset | fair mode: owner -> Redis-clock ms after which it has left the queue | as the queue |
 | `P{K}:queue:leases` | hash | fair mode: owner -> `<lease ms> <wait id>`: the lease to hand it the lock with, and which of its waits asked | as the queue |
  * | `P{K}:writers`  | zset    | read-write mode: writers waiting -> Redis-clock ms until their place lapses | PEXPIRE 2 x the queue timeout |
- * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter: read-write releases, force-unlocks), or `granted <token> <wait id> <owner>` (a fair handover) | - |
+ * | channel `P{K}`  | pub/sub | a message on every release: `released` (wake one), `all` (wake every waiter: read-write releases, force-unlocks, a lease set shorter), or `granted <token> <wait id> <owner>` (a fair handover) | - |
  *
  * The scripts publish with `redis.pcall`: a publish Redis refuses (an ACL user without these
  * channels: Redis 7 and later, and Valkey, give a user created with ACL SETUSER none unless
@@ -351,23 +351,19 @@ return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
 `;
 
 /**
- * Renew many locks in one call, each only if its owner still holds it (`RENEW`, the watchdog).
+ * Renew many locks in one call, each only if its owner still holds it (the watchdog).
  * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
  * A lock has one lease, and each of its holders (other readers, the owner's other side, the same
  * owner in another process) counts on it as it was last set: a renewal only lengthens it.
- * `SET_LEASE` (extend(), and minHoldMs's last release) sets it shorter too, but only for a holder
- * alone; the hash's other fields, `:mode` and `:handed`, hold nothing.
  * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
  */
-function renewScript(setShorter: boolean): string {
-  const alone = `redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1`;
-  return `
+export const RENEW = `
 local out = {}
 for i = 1, #KEYS do
   local lock, lease = KEYS[i], ARGV[2 * i]
   if redis.call('hexists', lock, ARGV[2 * i - 1]) == 1 then
     -- The lease goes to PEXPIRE as the string it came in as: Lua formats a number with sprintf.
-    if redis.call('pttl', lock) < tonumber(lease)${setShorter ? ` or ${alone}` : ''} then redis.call('pexpire', lock, lease) end
+    if redis.call('pttl', lock) < tonumber(lease) then redis.call('pexpire', lock, lease) end
     out[i] = 1
   else
     out[i] = 0
@@ -375,9 +371,36 @@ for i = 1, #KEYS do
 end
 return out
 `;
-}
-export const RENEW = renewScript(false);
-export const SET_LEASE = renewScript(true);
+
+/**
+ * Set the lease of locks (extend(), and minHoldMs's last release), each only if its owner still
+ * holds it: as RENEW, but a holder alone (the hash's other fields, `:mode` and `:handed`, hold
+ * nothing) also sets it shorter. A lease set shorter is announced `all` on the lock's channel:
+ * waiters sleep until the lease they last saw ends, and each tries again now, so it learns the
+ * new one.
+ * KEYS[i] lock hash i. ARGV[1] publish command; ARGV[3i-1] the holder's hash field, ARGV[3i] its
+ * lease in ms, ARGV[3i+1] the lock's release channel.
+ * Returns one integer per key, as RENEW.
+ */
+export const SET_LEASE = `
+local out = {}
+for i = 1, #KEYS do
+  local lock, lease = KEYS[i], ARGV[3 * i]
+  if redis.call('hexists', lock, ARGV[3 * i - 1]) == 1 then
+    local ttl, ms = redis.call('pttl', lock), tonumber(lease)
+    if ttl < ms then
+      redis.call('pexpire', lock, lease)
+    elseif ttl > ms and redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1 then
+      redis.call('pexpire', lock, lease)
+      redis.pcall(ARGV[1], ARGV[3 * i + 1], 'all')
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+`;
 
 /**
  * Read a lock's state.

@@ -668,11 +668,16 @@ export class RedisLockStore implements LockStore {
     const results = new Array<boolean>(entries.length);
     const calls: Promise<void>[] = [];
     for (const indexes of groups.values()) {
-      const script = entries[indexes[0]!]!.exact ? scripts.setLease : scripts.renew;
+      const exact = entries[indexes[0]!]!.exact === true;
+      const script = exact ? scripts.setLease : scripts.renew;
       for (let i = 0; i < indexes.length; i += RENEW_BATCH) {
         const batch = indexes.slice(i, i + RENEW_BATCH);
         const keys = batch.map((j) => this.lockName(entries[j]!.key));
-        const args = batch.flatMap((j) => [holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive'), entries[j]!.leaseMs]);
+        const field = (j: number) => holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive');
+        // SET_LEASE also names each lock's channel (KEYS carry the client's keyPrefix, channels do not).
+        const args = exact
+          ? [this.publish, ...batch.flatMap((j, k) => [field(j), entries[j]!.leaseMs, keys[k]!])]
+          : batch.flatMap((j) => [field(j), entries[j]!.leaseMs]);
         calls.push(
           script.run(this.client, keys, args).then((reply) => {
             (reply as number[]).forEach((r, k) => (results[batch[k]!] = Number(r) === 1));
