@@ -351,19 +351,17 @@ return redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])
 `;
 
 /**
- * Renew many locks in one call, each only if its owner still holds it (the watchdog).
- * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
- * A lock has one lease, and each of its holders (other readers, the owner's other side, the same
- * owner in another process) counts on it as it was last set: a renewal only lengthens it.
- * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
+ * A script over many locks (KEYS): for each lock whose holder's hash field (Lua expression `field`
+ * of `i`) is there, runs `body` with locals `lock` and `lease` (the ARGV string `lease` names).
+ * Returns one integer per key: 1 done, 0 no longer held by that owner (gone or taken).
  */
-export const RENEW = `
+function eachHeldLock(field: string, lease: string, body: string): string {
+  return `
 local out = {}
 for i = 1, #KEYS do
-  local lock, lease = KEYS[i], ARGV[2 * i]
-  if redis.call('hexists', lock, ARGV[2 * i - 1]) == 1 then
-    -- The lease goes to PEXPIRE as the string it came in as: Lua formats a number with sprintf.
-    if redis.call('pttl', lock) < tonumber(lease) then redis.call('pexpire', lock, lease) end
+  local lock, lease = KEYS[i], ${lease}
+  if redis.call('hexists', lock, ${field}) == 1 then
+    ${body}
     out[i] = 1
   else
     out[i] = 0
@@ -371,6 +369,21 @@ for i = 1, #KEYS do
 end
 return out
 `;
+}
+
+/**
+ * Renew many locks in one call, each only if its owner still holds it (the watchdog).
+ * KEYS[i] lock hash i. ARGV[2i-1] the hash field of lock i's holder (the owner, or owner:read for a read hold), ARGV[2i] its lease in ms.
+ * A lock has one lease, and each of its holders (other readers, the owner's other side, the same
+ * owner in another process) counts on it as it was last set: a renewal only lengthens it.
+ * Returns one integer per key: 1 renewed, 0 no longer held by that owner (gone or taken).
+ */
+export const RENEW = eachHeldLock(
+  'ARGV[2 * i - 1]',
+  'ARGV[2 * i]',
+  // The lease goes to PEXPIRE as the string it came in as: Lua formats a number with sprintf.
+  `if redis.call('pttl', lock) < tonumber(lease) then redis.call('pexpire', lock, lease) end`,
+);
 
 /**
  * Set the lease of locks (extend(), and minHoldMs's last release), each only if its owner still
@@ -382,25 +395,17 @@ return out
  * lease in ms, ARGV[3i+1] the lock's release channel.
  * Returns one integer per key, as RENEW.
  */
-export const SET_LEASE = `
-local out = {}
-for i = 1, #KEYS do
-  local lock, lease = KEYS[i], ARGV[3 * i]
-  if redis.call('hexists', lock, ARGV[3 * i - 1]) == 1 then
-    local ttl, ms = redis.call('pttl', lock), tonumber(lease)
+export const SET_LEASE = eachHeldLock(
+  'ARGV[3 * i - 1]',
+  'ARGV[3 * i]',
+  `local ttl, ms = redis.call('pttl', lock), tonumber(lease)
     if ttl < ms then
       redis.call('pexpire', lock, lease)
     elseif ttl > ms and redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1 then
       redis.call('pexpire', lock, lease)
       redis.pcall(ARGV[1], ARGV[3 * i + 1], 'all')
-    end
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
-`;
+    end`,
+);
 
 /**
  * Read a lock's state.
