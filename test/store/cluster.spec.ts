@@ -54,6 +54,31 @@ describe('Redis Cluster', () => {
     expect(await app.locks.isLocked(keys[7]!)).toBe(false);
   });
 
+  it('announces a lease set shorter with sharded pub/sub from inside the script, so waiters learn it', async () => {
+    const key = 'shortened';
+    const owner = await cluster.ownerOf(keySlot(key));
+    const sub = cluster.node(owner).duplicate();
+    try {
+      const messages: string[] = [];
+      const released = new Promise<void>((resolve) =>
+        sub.on('smessage', (channel: string, message: string) => {
+          messages.push(`${channel} ${message}`);
+          if (message === 'released') resolve();
+        }),
+      );
+      await sub.ssubscribe(`lock:{${key}}`);
+      const holder = await app.locks.acquire(key, { leaseMs: 60_000 });
+      await holder.extend(120_000);
+      await holder.extend(30_000);
+      await holder.release();
+      await released;
+      // A longer lease is not announced; the shorter one is (`all`), then the release.
+      expect(messages).toEqual([`lock:{${key}} all`, `lock:{${key}} released`]);
+    } finally {
+      sub.disconnect();
+    }
+  });
+
   it('announces releases with sharded pub/sub on the node that serves the lock', async () => {
     const holder = await app.locks.acquire('sharded');
     const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 'sharded');
