@@ -292,12 +292,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   current(key?: string): LockHandle | undefined {
     if (key !== undefined) assertLockKey(key, 'LockService.current()');
-    for (let c = this.contexts.getStore(); c; c = c.parent) {
-      const candidates = c.group ? c.group.handles : c.handle ? [c.handle] : [];
-      const match = candidates.find((h) => !h.released && (key === undefined || h.key === key));
-      if (match) return match;
-    }
-    return undefined;
+    return innermostHeld(this.contexts.getStore(), key);
   }
 
   /** Whether any owner holds `key` now. */
@@ -1064,11 +1059,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * of an outer context is still held (as `current()` finds it), or the owner was given by name.
    */
   private ownerGoesOn(context: LockContext): boolean {
-    if (!this.madeHere(context.owner)) return true;
-    for (let c: LockContext | undefined = context; c; c = c.parent) {
-      if (c.group ? c.group.handles.some((h) => !h.released) : c.handle && !c.handle.released) return true;
-    }
-    return false;
+    return !this.madeHere(context.owner) || innermostHeld(context) !== undefined;
   }
 
   /** At shutdown, after the read sides were taken back: each kept hold stays alone for the rest of its `minHoldMs`. */
@@ -1273,6 +1264,19 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     })();
     return this.closing;
   }
+}
+
+/**
+ * The innermost handle not yet released in `context` and the contexts around it (`run()`, a
+ * `@Locked` method, `handle.run()`, a multi-key group's handles), or the innermost one on `key`.
+ */
+function innermostHeld(context: LockContext | undefined, key?: string): LockHandle | undefined {
+  for (let c = context; c; c = c.parent) {
+    const candidates = c.group ? c.group.handles : c.handle ? [c.handle] : [];
+    const match = candidates.find((h) => !h.released && (key === undefined || h.key === key));
+    if (match) return match;
+  }
+  return undefined;
 }
 
 /** A hold kept for `minHoldMs` that a timer gives back (see LockService.keepHold). */
