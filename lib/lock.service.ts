@@ -1043,11 +1043,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const hold: KeptHold = { key: lock.key, owner: lock.owner, mode: lock.mode, until, timer: undefined };
     hold.timer = this.time.setTimeout(() => {
       this.kept.delete(hold);
-      void this.giveBackHold(hold.key, hold.owner, hold.mode).then(
+      // Bounded like a release: a Redis that stops answering is logged after stepTimeoutMs, not when the connection closes.
+      void this.step(this.giveBackHold(hold.key, hold.owner, hold.mode)).then(
         () => {
           if (this.releaseFailureLog.active) this.releaseFailureLog.recovered();
         },
-        (error: unknown) => this.releaseFailureLog.failed(`could not give back the hold kept for minHoldMs of "${hold.key}"; its lease will free it: ${String(error)}`),
+        (error: unknown) =>
+          this.releaseFailureLog.failed(`could not give back the hold kept for minHoldMs of "${hold.key}"; it stays until the lock's lease ends: ${String(new LockBackendError('release', hold.key, error))}`),
       );
     }, Math.max(0, until - this.time.now()));
     hold.timer.unref();

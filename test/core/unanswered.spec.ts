@@ -1,10 +1,11 @@
 import { describe, expect, it } from '@jest/globals';
+import { Injectable } from '@nestjs/common';
 import { AsyncResource } from 'node:async_hooks';
 import { performance } from 'node:perf_hooks';
-import { LockBackendError, type LockGroup, type LockHandle, type LockLostError } from '../../lib/index.js';
+import { LockBackendError, Locked, type LockGroup, type LockHandle, type LockLostError } from '../../lib/index.js';
 import type { Redis } from 'ioredis';
 import { until, type RedisServer } from '../support/redis-server.js';
-import { asleep, nextEvent, nextEvents, stallInTimer, usePrivateLockApp, waitRegistered, within, type LockApp } from '../support/lock-testing.js';
+import { asleep, nextEvent, nextEvents, stallInTimer, startLockApp, usePrivateLockApp, waitRegistered, within, type LockApp } from '../support/lock-testing.js';
 
 /** Every step a caller awaits gives up after this long; the rejection says so. */
 const BOUND = /^Redis failed during \w+ of "[^"]+": no answer within 1000 ms\./;
@@ -203,6 +204,37 @@ describe('steps that Redis does not answer', () => {
       expect(await outside.runInAsyncScope(() => app.locks.tryAcquire(key, { fair: true }))).toBeNull();
     } finally {
       await inner.release();
+    }
+  });
+
+  it('a hold kept for minHoldMs that its timer gives back while Redis does not answer: logged after the bound, and given back once Redis is back', async () => {
+    @Injectable()
+    class Docs {
+      @Locked('kept:<0>', { mode: 'write', minHoldMs: 300 })
+      async rewrite(id: string) {
+        return id;
+      }
+    }
+    const jobs = await startLockApp({ redis: redis.url, leaseMs: 30_000 }, [Docs]);
+    try {
+      // The job reads the key after the call, so a timer gives the kept write hold back at 300 ms.
+      const read = await jobs.locks.run('kept:job', async () => {
+        await jobs.moduleRef.get(Docs).rewrite('1');
+        return jobs.locks.readLock('kept:1');
+      });
+      const given = /^could not give back the hold kept for minHoldMs of "kept:1"; it stays until the lock's lease ends: LockBackendError: Redis failed during release of "kept:1": no answer within 1000 ms\./;
+      await frozen(async () => {
+        redis.pause();
+        // Before, the give-back waited for Redis as long as the connection stayed open, and nothing was logged.
+        await until(async () => jobs.logger.at('error').some((line) => given.test(line)), 4_000, 'the failed give-back logged');
+      });
+      // Redis runs the give-back before these reads, which follow it on the same connection.
+      expect(await jobs.locks.holdCount('kept:1', { owner: read.owner, mode: 'write' })).toBe(0);
+      expect(await jobs.locks.holdCount('kept:1', { owner: read.owner, mode: 'read' })).toBe(1);
+      await read.release();
+      expect(await raw.exists('lock:{kept:1}')).toBe(0);
+    } finally {
+      await jobs.close();
     }
   });
 
