@@ -15,6 +15,11 @@ export class HeldLock {
   /** Monotonic time at which the watchdog should renew it. */
   renewAt = Infinity;
   readonly acquiredAt: number;
+  /**
+   * Set when a `@Locked` call with `minHoldMs` took this lock fresh: at shutdown it is left in Redis
+   * until then (on `clock`) instead of being taken back (see LockService.holdAtLeast).
+   */
+  keepUntil = 0;
   /** Created on first use: most locks are released without anyone reading their signal. */
   private controller: AbortController | undefined;
   /** Set once the lock is known to be lost (see `lost`), with the reason its signal aborts with. */

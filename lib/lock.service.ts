@@ -1064,6 +1064,26 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     return !this.madeHere(context.owner) || innermostHeld(context) !== undefined;
   }
 
+  /**
+   * At shutdown, for a lock still held: whether it stays in Redis for a while instead of being taken
+   * back, because a `@Locked` call with `minHoldMs` took it (holdAtLeast), or a hold of it kept for
+   * `minHoldMs` is waiting for its timer (the owner took the lock again since). Then it becomes one
+   * kept hold, whole (every hold of the owner), until the later of the two, which settleKeptHolds
+   * sets as its lease.
+   */
+  private keptAtShutdown(lock: HeldLock): boolean {
+    let until = lock.keepUntil;
+    for (const hold of this.kept) {
+      if (hold.key !== lock.key || hold.owner !== lock.owner || hold.mode !== lock.mode) continue;
+      until = Math.max(until, hold.until);
+      if (hold.timer) this.time.clearTimeout(hold.timer);
+      this.kept.delete(hold);
+    }
+    if (until <= this.time.now()) return false;
+    this.kept.add({ key: lock.key, owner: lock.owner, mode: lock.mode, until, timer: undefined, whole: true });
+    return true;
+  }
+
   /** At shutdown, after the read sides were taken back: each kept hold stays alone for the rest of its `minHoldMs`. */
   private settleKeptHolds(): Promise<unknown> {
     return Promise.all(
@@ -1071,7 +1091,12 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         this.kept.delete(hold);
         if (hold.timer) this.time.clearTimeout(hold.timer);
         const leaseMs = Math.ceil(hold.until - this.time.now());
-        const settle = leaseMs > 0 ? this.store.renew([{ key: hold.key, owner: hold.owner, leaseMs, mode: hold.mode, exact: true }]) : this.giveBackHold(hold.key, hold.owner, hold.mode);
+        const settle =
+          leaseMs > 0
+            ? this.store.renew([{ key: hold.key, owner: hold.owner, leaseMs, mode: hold.mode, exact: true }])
+            : hold.whole
+              ? this.store.releaseAll(hold.key, hold.owner, hold.mode)
+              : this.giveBackHold(hold.key, hold.owner, hold.mode);
         return settle.catch(() => undefined);
       }),
     );
@@ -1172,6 +1197,18 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     await this.step(this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode))).catch(() => undefined);
   }
 
+  /**
+   * @internal A `@Locked` call with `minHoldMs` took `held`: each lock it took fresh (not a
+   * re-entry, which `minHoldMs` leaves alone) stays in Redis at shutdown until `minHoldMs` after it
+   * was taken (see keptAtShutdown), as it would have had the call ended then.
+   */
+  holdAtLeast<T extends LockHandle | LockGroup>(held: T, minHoldMs: number): T {
+    for (const handle of held instanceof LockGroup ? held.handles : [held as LockHandle]) {
+      if (handle.holdCount === 1) handle.lock.keepUntil = handle.lock.acquiredAt + minHoldMs;
+    }
+    return held;
+  }
+
   /** @internal Releases without throwing (run() and `@Locked` must not let a failed release replace the result). */
   async releaseQuietly(handle: LockHandle | LockGroup, minHoldMs = 0): Promise<void> {
     if (handle instanceof LockGroup) {
@@ -1213,7 +1250,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     lock.setLost(error);
     this.forget(lock);
     const cleanup =
-      reason === 'taken' || (reason === 'lease-expired' && this.acquiringIds.has(lock.id))
+      reason === 'taken' || (reason === 'lease-expired' && this.acquiringIds.has(lock.id)) || (reason === 'shutdown' && this.keptAtShutdown(lock))
         ? Promise.resolve()
         : this.store.releaseAll(lock.key, lock.owner, lock.mode).then(
             () => undefined,
@@ -1289,6 +1326,8 @@ interface KeptHold {
   /** When `minHoldMs` is up, on the service's clock. */
   until: number;
   timer: Timer | undefined;
+  /** Every hold of the owner, not one (a lock still held at shutdown: see keptAtShutdown). */
+  whole?: boolean;
 }
 
 /** What `LockService.health()` reports. */

@@ -155,9 +155,11 @@ async function enter(locks: LockService, spec: LockedSpec, keyOf: () => string |
   const key = keyOf();
   const plan = locks.lockedPlan(spec);
   const acquire = signal ? { ...plan.acquire, signal } : plan.acquire;
-  if (plan.policy !== 'skip') return locks.acquireResolved(key, acquire, spec.where);
+  const taken = locks.acquireResolved(key, acquire, spec.where);
+  const held = plan.minHoldMs > 0 ? taken.then((h) => locks.holdAtLeast(h, plan.minHoldMs)) : taken;
+  if (plan.policy !== 'skip') return held;
   try {
-    return await locks.acquireResolved(key, acquire, spec.where);
+    return await held;
   } catch (error) {
     if (!(error instanceof LockNotAcquiredError)) throw error;
     locks.noteSkipped(error.key, spec.where);

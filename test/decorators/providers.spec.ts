@@ -675,6 +675,118 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
   });
 });
 
+describe('minHoldMs when the app shuts down during the call', () => {
+  @Injectable()
+  class Jobs {
+    constructor(readonly locks: LockService) {}
+
+    @Locked('jobs:long', { minHoldMs: 20_000 })
+    async long(entered: (signal: AbortSignal) => void, finish: Promise<void>) {
+      entered(this.locks.current()!.signal);
+      await finish;
+    }
+
+    @Locked(['jobs:a', 'jobs:b'], { minHoldMs: 20_000 })
+    async both(entered: () => void, finish: Promise<void>) {
+      entered();
+      await finish;
+    }
+
+    @Locked('jobs:short', { minHoldMs: 300 })
+    async short(entered: () => void, finish: Promise<void>) {
+      entered();
+      await finish;
+    }
+
+    @Locked('doc:<0>', { mode: 'write', minHoldMs: 20_000 })
+    async rewrite(id: string) {
+      return id;
+    }
+  }
+
+  /** The lease Redis has left on `key`, checked against minHoldMs (20 s) counted from `taken`; the leases are whole ms and Redis reads its own clock: a few ms of slack. */
+  async function leftOfMinHold(raw: Redis, key: string, taken: number): Promise<void> {
+    const ttl = await raw.pttl(key);
+    expect(ttl).toBeGreaterThan(15_000);
+    expect(ttl).toBeLessThanOrEqual(20_000 - (performance.now() - taken) + 20);
+  }
+
+  // Before, shutdown took every lock still held back, so another instance whose trigger fired a
+  // little late ran the same tick again while the job that held it had only just begun.
+  it('leaves the lock in Redis until minHoldMs after it was taken, and releases one taken longer ago than that', async () => {
+    const redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await startLockApp({ redis: redis.url }, [Jobs]);
+    const jobs = app.moduleRef.get(Jobs);
+    const finish = gate();
+    try {
+      const [long, both, short] = [gate(), gate(), gate()];
+      let signal: AbortSignal | undefined;
+      const calls = [
+        jobs.long((s) => {
+          signal = s;
+          long.open();
+        }, finish.promise),
+        jobs.both(both.open, finish.promise),
+        jobs.short(short.open, finish.promise),
+      ];
+      await Promise.all([long.promise, both.promise, short.promise]);
+      const taken = performance.now();
+      // The time that takes jobs:short past its minHoldMs.
+      await until(async () => performance.now() - taken > 400, 5_000, '400 ms');
+      await app.close();
+      // The call is told, as for any lock at shutdown, but the lock stays for the rest of its minHoldMs.
+      expect(signal?.aborted).toBe(true);
+      expect(signal?.reason).toMatchObject({ reason: 'shutdown' });
+      for (const key of ['lock:{jobs:long}', 'lock:{jobs:a}', 'lock:{jobs:b}']) await leftOfMinHold(raw, key, taken);
+      expect(await raw.exists('lock:{jobs:short}')).toBe(0);
+      finish.open();
+      await Promise.allSettled(calls);
+      // The call's end, after shutdown, leaves the lock as it was.
+      await leftOfMinHold(raw, 'lock:{jobs:long}', taken);
+    } finally {
+      finish.open();
+      await app.close();
+      await redis.stop();
+    }
+  });
+
+  it('leaves a lock in Redis for the rest of a hold kept for minHoldMs when its owner took it again since', async () => {
+    const redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await startLockApp({ redis: redis.url }, [Jobs]);
+    const entered = gate();
+    const finish = gate();
+    try {
+      let taken = 0;
+      const job = app.locks.run('jobs:nightly', async () => {
+        expect(await app.moduleRef.get(Jobs).rewrite('3')).toBe('3');
+        taken = performance.now();
+        // The job takes the kept lock again (a re-entry: its owner is the job's).
+        await app.locks.run(
+          'doc:3',
+          async (lock) => {
+            expect(lock.holdCount).toBe(2);
+            entered.open();
+            await finish.promise;
+          },
+          { mode: 'write' },
+        );
+      });
+      await entered.promise;
+      await app.close();
+      // Before, shutdown took back every hold of the owner, the kept one with them.
+      await leftOfMinHold(raw, 'lock:{doc:3}', taken);
+      finish.open();
+      await job.catch(() => undefined);
+    } finally {
+      finish.open();
+      await app.close();
+      await redis.stop();
+    }
+  });
+});
+
 describe('minHoldMs and the waiters of the lock it keeps', () => {
   @Injectable()
   class Imports {
