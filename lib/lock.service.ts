@@ -1072,6 +1072,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * sets as its lease.
    */
   private keptAtShutdown(lock: HeldLock): boolean {
+    // An owner given by name may hold the lock in other processes too: a fixed lease set here
+    // would cut theirs, so this process gives back its own holds instead (see takeBack).
+    if (!this.madeHere(lock.owner)) return false;
     let until = lock.keepUntil;
     for (const hold of this.kept) {
       if (hold.key !== lock.key || hold.owner !== lock.owner || hold.mode !== lock.mode) continue;
@@ -1252,7 +1255,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const cleanup =
       reason === 'taken' || (reason === 'lease-expired' && this.acquiringIds.has(lock.id)) || (reason === 'shutdown' && this.keptAtShutdown(lock))
         ? Promise.resolve()
-        : this.store.releaseAll(lock.key, lock.owner, lock.mode).then(
+        : this.takeBack(lock).then(
             () => undefined,
             () => undefined,
           );
@@ -1261,6 +1264,17 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     this.emit({ type: 'lost', key: lock.key, owner: lock.owner, reason, heldMs: error.heldMs, error });
     lock.abort();
     return cleanup;
+  }
+
+  /**
+   * Takes a lost lock's holds back from Redis (markLost): every hold of an owner this service made,
+   * which no other process uses; of an owner given by name, this process's own holds only, one
+   * release each (sent together, so they reach Redis in a row), since another process may hold the
+   * lock under that name too (a hand-over: see the README's owners).
+   */
+  private takeBack(lock: HeldLock): Promise<unknown> {
+    if (this.madeHere(lock.owner)) return this.store.releaseAll(lock.key, lock.owner, lock.mode);
+    return Promise.all(Array.from({ length: lock.holds }, () => this.store.release(lock.key, lock.owner, lock.mode, undefined, this.countHolds, false)));
   }
 
   private async inspect(key: string, owner: string | undefined, operation: string, mode?: LockMode) {

@@ -298,6 +298,53 @@ describe('owners and reentrancy', () => {
     }
   });
 
+  // One owner, one hash field in two processes: before, the first process took back every hold
+  // of the field when it lost or left the lock, the second process's hold with them, and the lock
+  // was free while that process still held it.
+  it.each([
+    ['a plain lock', undefined],
+    ['a write lock', 'write'],
+    ['a read lock', 'read'],
+  ] as const)('leaves the hold of the process %s was handed to when the first one shuts down holding it: it gives back its own holds only', async (_what, mode) => {
+    const key = `token:handover-shutdown:${mode ?? 'plain'}`;
+    const first = await startLockApp({ redis: redis.url });
+    try {
+      await first.locks.acquire(key, { owner: 'transfer-3', mode });
+      await first.locks.acquire(key, { owner: 'transfer-3', mode, waitMs: 0 });
+      const b = await app.locks.acquire(key, { owner: 'transfer-3', mode, waitMs: 0 });
+      expect(b.holdCount).toBe(3);
+      await first.close();
+      expect(await app.locks.holdCount(key, { owner: 'transfer-3', mode })).toBe(1);
+      expect(await app.locks.tryAcquire(key, { mode: 'write' })).toBeNull();
+      expect(b.isHeld).toBe(true);
+      // Both holds of the first process are gone: the last release frees the lock.
+      await b.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await first.close();
+    }
+  });
+
+  it('leaves the hold of the process a lock was handed to when the first one loses it because its own fixed lease ran out', async () => {
+    const key = 'token:handover-expired';
+    const first = await startLockApp({ redis: redis.url });
+    try {
+      const a = await first.locks.acquire(key, { owner: 'transfer-4', leaseMs: 300 });
+      // Its lease lengthens the lock's (a re-entry never shortens it), and its watchdog renews it.
+      const b = await app.locks.acquire(key, { owner: 'transfer-4', leaseMs: 3_000, watchdog: true, waitMs: 0 });
+      const lost = (await nextEvent(first.locks.events$, 'lost', (e) => e.key === key)) as { reason: string };
+      expect(lost.reason).toBe('lease-expired');
+      expect(a.isHeld).toBe(false);
+      expect(await app.locks.holdCount(key, { owner: 'transfer-4' })).toBe(1);
+      expect(await app.locks.tryAcquire(key)).toBeNull();
+      expect(b.isHeld).toBe(true);
+      await b.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await first.close();
+    }
+  });
+
   it('gives current() the innermost lock of the context', async () => {
     expect(app.locks.current()).toBeUndefined();
     await app.locks.run('outer:c', async (outer) => {

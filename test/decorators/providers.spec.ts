@@ -702,6 +702,12 @@ describe('minHoldMs when the app shuts down during the call', () => {
     async rewrite(id: string) {
       return id;
     }
+
+    @Locked('jobs:named', { minHoldMs: 20_000 })
+    async named(entered: () => void, finish: Promise<void>) {
+      entered();
+      await finish;
+    }
   }
 
   /** The lease Redis has left on `key`, checked against minHoldMs (20 s) counted from `taken`; the leases are whole ms and Redis reads its own clock: a few ms of slack. */
@@ -781,6 +787,33 @@ describe('minHoldMs when the app shuts down during the call', () => {
       await job.catch(() => undefined);
     } finally {
       finish.open();
+      await app.close();
+      await redis.stop();
+    }
+  });
+  it('gives back only its own holds of a lock whose owner was given by name, which another process holds too', async () => {
+    const redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await startLockApp({ redis: redis.url }, [Jobs]);
+    const other = await startLockApp({ redis: redis.url });
+    const entered = gate();
+    const finish = gate();
+    try {
+      const job = app.locks.run('jobs:named-outer', () => app.moduleRef.get(Jobs).named(entered.open, finish.promise), { owner: 'transfer-5' });
+      await entered.promise;
+      const handed = await other.locks.acquire('jobs:named', { owner: 'transfer-5', waitMs: 0 });
+      expect(handed.holdCount).toBe(2);
+      await app.close();
+      // A fixed lease of the rest of minHoldMs would cut the other process's, and leave this one's hold in the count.
+      expect(await raw.pttl('lock:{jobs:named}')).toBeGreaterThan(25_000);
+      expect(await other.locks.holdCount('jobs:named', { owner: 'transfer-5' })).toBe(1);
+      await handed.release();
+      expect(await raw.exists('lock:{jobs:named}')).toBe(0);
+      finish.open();
+      await job.catch(() => undefined);
+    } finally {
+      finish.open();
+      await other.close();
       await app.close();
       await redis.stop();
     }
