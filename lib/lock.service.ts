@@ -1003,7 +1003,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           // minHoldMs: leave the lock in Redis as a fixed lease of keepMs instead of deleting it.
           const leaseMs = Math.ceil(keepMs);
           const sent = this.time.now();
-          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true }]));
+          const [kept] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true, holdsAtMost: this.sharedHolds(lock.owner, 1) }]));
           left = kept ? 0 : -1;
           if (kept && lock.mode !== 'read' && (this.holdsHere(lock.owner, lock.key, 'read') || (context && this.ownerGoesOn(context)))) this.keepHold(lock, sent + leaseMs);
         } else {
@@ -1096,7 +1096,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         const leaseMs = Math.ceil(hold.until - this.time.now());
         const settle =
           leaseMs > 0
-            ? this.store.renew([{ key: hold.key, owner: hold.owner, leaseMs, mode: hold.mode, exact: true }])
+            ? this.store.renew([{ key: hold.key, owner: hold.owner, leaseMs, mode: hold.mode, exact: true, holdsAtMost: this.sharedHolds(hold.owner, 1) }])
             : hold.whole
               ? this.store.releaseAll(hold.key, hold.owner, hold.mode)
               : this.giveBackHold(hold.key, hold.owner, hold.mode);
@@ -1115,7 +1115,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const start = this.time.now();
     let ok: boolean | undefined;
     try {
-      [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true }]));
+      [ok] = await this.step(this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, mode: lock.mode, exact: true, holdsAtMost: this.sharedHolds(lock.owner, lock.holds) }]));
     } catch (error) {
       throw new LockBackendError('extend', lock.key, error);
     }
@@ -1188,6 +1188,15 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private readonly countHolds: HoldsHere = (owner, key, mode) =>
     this.madeHere(owner) ? (this.held.get(heldLockId(owner, key, mode))?.holds ?? 0) : undefined;
+
+  /**
+   * For a lease set exactly (RenewRequest.holdsAtMost): `holds`, this process's holds of an owner
+   * given by name, beyond which another process holds the lock under that name too and counts on
+   * its lease; undefined for an owner this service made.
+   */
+  private sharedHolds(owner: string, holds: number): number | undefined {
+    return this.madeHere(owner) ? undefined : holds;
+  }
 
   /** Whether this service made `owner` for a context (see contextFor): then no other process uses it. */
   private madeHere(owner: string): boolean {

@@ -179,6 +179,13 @@ export interface RenewRequest {
    * lease: the lock's other holders, and the same owner in another process, count on it as it is.
    */
   exact?: boolean;
+  /**
+   * With `exact`: the lease is set shorter only while the owner counts at most this many holds in
+   * the backend. LockService gives this process's holds of an owner given by name, which another
+   * process may hold the lock under too: its holds count there, and it counts on the lease as it
+   * is. Unset: no limit (an owner this process made, which no other process uses).
+   */
+  holdsAtMost?: number;
 }
 
 export interface LockState {

@@ -298,6 +298,27 @@ describe('owners and reentrancy', () => {
     }
   });
 
+  it('keeps the lease of the process a lock is handed to when the first one extends it to less', async () => {
+    // One owner, one hash field in two processes: before, extend() set the lock's lease to 300 ms,
+    // as for a holder alone, and the lock ended under the second process.
+    const key = 'token:handover-extend';
+    const second = await startLockApp({ redis: redis.url });
+    try {
+      const a = await app.locks.acquire(key, { owner: 'transfer-6', leaseMs: 20_000 });
+      const b = await second.locks.acquire(key, { owner: 'transfer-6', leaseMs: 20_000, waitMs: 0 });
+      await a.extend(300);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(19_000);
+      await a.release();
+      // Alone now, the second process's extend() to less sets it shorter.
+      await b.extend(300);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeLessThanOrEqual(300);
+      await b.release();
+      expect(await app.locks.isLocked(key)).toBe(false);
+    } finally {
+      await second.close();
+    }
+  });
+
   // One owner, one hash field in two processes: before, the first process took back every hold
   // of the field when it lost or left the lock, the second process's hold with them, and the lock
   // was free while that process still held it.

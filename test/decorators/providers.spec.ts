@@ -820,6 +820,49 @@ describe('minHoldMs when the app shuts down during the call', () => {
   });
 });
 
+describe('minHoldMs under an owner given by name that another process holds the lock under too', () => {
+  @Injectable()
+  class Transfers {
+    @Locked('transfer:<0>', { minHoldMs: 300 })
+    async settle(_id: string, entered: () => void, finish: Promise<void>) {
+      entered();
+      await finish;
+    }
+  }
+
+  // One owner, one hash field in two processes: before, the call's end set the lock's lease to the
+  // rest of minHoldMs, as for a holder alone, and the lock ended under the other process.
+  it("leaves the other process's lease as it is, and gives this process's hold back when minHoldMs is up", async () => {
+    const redis = await RedisServer.start();
+    const raw = redis.client();
+    const app = await startLockApp({ redis: redis.url }, [Transfers]);
+    const other = await startLockApp({ redis: redis.url });
+    const entered = gate();
+    const finish = gate();
+    try {
+      const call = app.locks.run('transfer:outer', () => app.moduleRef.get(Transfers).settle('1', entered.open, finish.promise), { owner: 'transfer-7' });
+      await entered.promise;
+      const handed = await other.locks.acquire('transfer:1', { owner: 'transfer-7', waitMs: 0 });
+      expect(handed.holdCount).toBe(2);
+      finish.open();
+      await call;
+      expect(await raw.pttl('lock:{transfer:1}')).toBeGreaterThan(25_000);
+      // This process's hold, kept for minHoldMs, is given back by its timer; the other's stays.
+      await until(async () => (await other.locks.holdCount('transfer:1', { owner: 'transfer-7' })) === 1, 5_000, 'the kept hold given back');
+      expect(await raw.pttl('lock:{transfer:1}')).toBeGreaterThan(25_000);
+      expect(handed.isHeld).toBe(true);
+      expect(await other.locks.tryAcquire('transfer:1')).toBeNull();
+      await handed.release();
+      expect(await raw.exists('lock:{transfer:1}')).toBe(0);
+    } finally {
+      finish.open();
+      await other.close();
+      await app.close();
+      await redis.stop();
+    }
+  });
+});
+
 describe('minHoldMs and the waiters of the lock it keeps', () => {
   @Injectable()
   class Imports {

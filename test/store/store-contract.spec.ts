@@ -170,6 +170,15 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.releaseAll('contract:renew-alone', 'A')).toBe(true);
     expect(await store.renew([{ key: 'contract:renew-alone', owner: 'A', leaseMs: 2_000 }])).toEqual([false]);
     expect(await ttl('contract:renew-alone')).toBe(-2);
+    // An owner counting more holds than the caller says are its own (an owner given by name, which
+    // another process holds the lock under too) keeps its lease, however exact the request.
+    await store.acquire({ key: 'contract:renew-named', owner: 'N', leaseMs: 20_000 });
+    await store.acquire({ key: 'contract:renew-named', owner: 'N', leaseMs: 20_000 });
+    expect(await store.renew([{ key: 'contract:renew-named', owner: 'N', leaseMs: 2_000, exact: true, holdsAtMost: 1 }])).toEqual([true]);
+    expect(await ttl('contract:renew-named')).toBeGreaterThan(19_000);
+    expect(await store.renew([{ key: 'contract:renew-named', owner: 'N', leaseMs: 2_000, exact: true, holdsAtMost: 2 }])).toEqual([true]);
+    expect(await ttl('contract:renew-named')).toBeLessThanOrEqual(2_000);
+    expect(await store.releaseAll('contract:renew-named', 'N')).toBe(true);
     const handed = 'contract:renew-handed';
     await store.acquire({ key: handed, owner: 'A', ...fair });
     const b = await queue(handed, 'B');

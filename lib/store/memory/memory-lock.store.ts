@@ -110,13 +110,14 @@ export class MemoryLockStore implements LockStore {
   }
 
   async renew(entries: readonly RenewRequest[]): Promise<boolean[]> {
-    return entries.map(({ key, owner, leaseMs, mode = 'exclusive', exact }) => {
+    return entries.map(({ key, owner, leaseMs, mode = 'exclusive', exact, holdsAtMost }) => {
       const lock = this.live(key);
-      if (!lock?.fields.has(holderField(owner, mode))) return false;
-      // Other holders count on the lease as it is: only a holder alone sets it shorter, and wakes
-      // every waiter to learn it (see SET_LEASE).
+      const holds = lock?.fields.get(holderField(owner, mode));
+      if (!lock || holds === undefined) return false;
+      // Other holders count on the lease as it is: only a holder alone, with no more holds than the
+      // caller's, sets it shorter, and wakes every waiter to learn it (see SET_LEASE).
       const at = clock() + leaseMs;
-      if (exact && lock.fields.size === 1 && at < lock.expiresAt) {
+      if (exact && lock.fields.size === 1 && (holdsAtMost === undefined || holds <= holdsAtMost) && at < lock.expiresAt) {
         lock.expiresAt = at;
         this.waiters.notifyEveryone(key);
       } else lock.extendTo(leaseMs);

@@ -388,22 +388,25 @@ export const RENEW = eachHeldLock(
 /**
  * Set the lease of locks (extend(), and minHoldMs's last release), each only if its owner still
  * holds it: as RENEW, but a holder alone (the hash's other fields, `:mode` and `:handed`, hold
- * nothing) also sets it shorter. A lease set shorter is announced `all` on the lock's channel:
- * waiters sleep until the lease they last saw ends, and each tries again now, so it learns the
- * new one.
- * KEYS[i] lock hash i. ARGV[1] publish command; ARGV[3i-1] the holder's hash field, ARGV[3i] its
- * lease in ms, ARGV[3i+1] the lock's release channel.
+ * nothing) that counts no more holds than the caller says are its own also sets it shorter (an
+ * owner given by name may hold the lock in another process too, which counts on the lease). A
+ * lease set shorter is announced `all` on the lock's channel: waiters sleep until the lease they
+ * last saw ends, and each tries again now, so it learns the new one.
+ * KEYS[i] lock hash i. ARGV[1] publish command; ARGV[4i-2] the holder's hash field, ARGV[4i-1] its
+ * lease in ms, ARGV[4i] the lock's release channel, ARGV[4i+1] the most holds the holder may count
+ * for a shorter lease (-1: no limit).
  * Returns one integer per key, as RENEW.
  */
 export const SET_LEASE = eachHeldLock(
-  'ARGV[3 * i - 1]',
-  'ARGV[3 * i]',
-  `local ttl, ms = redis.call('pttl', lock), tonumber(lease)
+  'ARGV[4 * i - 2]',
+  'ARGV[4 * i - 1]',
+  `local ttl, ms, most = redis.call('pttl', lock), tonumber(lease), tonumber(ARGV[4 * i + 1])
     if ttl < ms then
       redis.call('pexpire', lock, lease)
-    elseif ttl > ms and redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1 then
+    elseif ttl > ms and redis.call('hlen', lock) - redis.call('hexists', lock, ':mode') - redis.call('hexists', lock, ':handed') == 1
+      and (most < 0 or tonumber(redis.call('hget', lock, ARGV[4 * i - 2])) <= most) then
       redis.call('pexpire', lock, lease)
-      redis.pcall(ARGV[1], ARGV[3 * i + 1], 'all')
+      redis.pcall(ARGV[1], ARGV[4 * i], 'all')
     end`,
 );
 

@@ -676,7 +676,7 @@ export class RedisLockStore implements LockStore {
         const field = (j: number) => holderField(entries[j]!.owner, entries[j]!.mode ?? 'exclusive');
         // SET_LEASE also names each lock's channel (KEYS carry the client's keyPrefix, channels do not).
         const args = exact
-          ? [this.publish, ...batch.flatMap((j, k) => [field(j), entries[j]!.leaseMs, keys[k]!])]
+          ? [this.publish, ...batch.flatMap((j, k) => [field(j), entries[j]!.leaseMs, keys[k]!, entries[j]!.holdsAtMost ?? -1])]
           : batch.flatMap((j) => [field(j), entries[j]!.leaseMs]);
         calls.push(
           script.run(this.client, keys, args).then((reply) => {
