@@ -350,9 +350,10 @@ describe('owners and reentrancy', () => {
     const key = 'token:handover-expired';
     const first = await startLockApp({ redis: redis.url });
     try {
-      const a = await first.locks.acquire(key, { owner: 'transfer-4', leaseMs: 300 });
+      const a = await first.locks.acquire(key, { owner: 'transfer-4', leaseMs: 500 });
       // Its lease lengthens the lock's (a re-entry never shortens it), and its watchdog renews it.
       const b = await app.locks.acquire(key, { owner: 'transfer-4', leaseMs: 3_000, watchdog: true, waitMs: 0 });
+      expect(b.holdCount).toBe(2);
       const lost = (await nextEvent(first.locks.events$, 'lost', (e) => e.key === key)) as { reason: string };
       expect(lost.reason).toBe('lease-expired');
       expect(a.isHeld).toBe(false);
