@@ -612,6 +612,12 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
     async rewritePage(id: string) {
       return id;
     }
+
+    /** A plain lock, whose owner then reads it (a plain lock is not downgraded: see the README). */
+    @Locked('plain:<0>', { minHoldMs: 500 })
+    async lockThenRead(id: string) {
+      return this.locks.readLock(`plain:${id}`);
+    }
   }
 
   /** How the owner of the kept write hold comes to read `doc:1`: the read handle it ends up with. */
@@ -643,6 +649,29 @@ describe('minHoldMs on a write method whose owner still reads the lock (a downgr
         await other.release();
         await read.release();
         expect(await app.locks.isLocked('doc:1')).toBe(false);
+      } finally {
+        await app.close();
+        await redis?.stop();
+      }
+    },
+  );
+
+  // The plain hold kept for minHoldMs stayed on the read side's lease, renewed, and its lease
+  // after: the lock stayed taken after the read side's release.
+  it.each(['redis', 'memory'] as const)(
+    "gives a plain lock's kept hold back too, so the lock is free as soon as the owner's read side goes (%s store)",
+    async (store) => {
+      const redis = store === 'redis' ? await RedisServer.start() : undefined;
+      const app = await startLockApp(redis ? { redis: redis.url } : { store: 'memory' }, [Docs]);
+      try {
+        const read = await app.moduleRef.get(Docs).lockThenRead('1');
+        await until(async () => (await app.locks.holdCount('plain:1', { owner: read.owner })) === 0, 5_000, 'the plain hold given back');
+        // The read side alone still keeps every other owner out.
+        expect(await elsewhere(() => app.locks.tryAcquire('plain:1', { mode: 'read' }))).toBeNull();
+        await read.release();
+        const other = await elsewhere(() => app.locks.tryAcquire('plain:1'));
+        expect(other).not.toBeNull();
+        await other!.release();
       } finally {
         await app.close();
         await redis?.stop();
