@@ -112,8 +112,10 @@ export class LockHandle {
 
   /**
    * Sets the lock's remaining lease to `leaseMs` from now (for a watchdog lock, also the lease it
-   * is renewed with). Rejects with `LockLostError` if the lock is no longer held, and with
-   * `LockBackendError` when Redis failed or did not answer within 1 s.
+   * is renewed with). On a lock that others hold too (other readers, this owner's other side, or
+   * another process under the same owner token) it only lengthens the lease. Rejects with
+   * `LockLostError` if the lock is no longer held, and with `LockBackendError` when Redis failed or
+   * did not answer within `stepTimeoutMs` (1 s by default).
    */
   extend(leaseMs: number): Promise<void> {
     return this.host.extendHandle(this.lock, leaseMs, this);
