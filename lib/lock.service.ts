@@ -869,7 +869,9 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.store.releaseAll(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
+      // A fresh hold whole (a resent acquisition may have counted it twice); but under an owner given
+      // by name, one hold only: another process may have joined the lock under that name meanwhile.
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 && this.madeHere(owner) ? this.store.releaseAll(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
     );
     return true;
   }

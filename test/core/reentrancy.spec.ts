@@ -6,7 +6,8 @@ import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
 import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
-import { aborted, CapturingLogger, gate, nextEvent, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { aborted, CapturingLogger, gate, nextEvent, stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { Fixture } from '../support/children.js';
 
 describe('owners and reentrancy', () => {
   let redis: RedisServer;
@@ -364,6 +365,35 @@ describe('owners and reentrancy', () => {
       expect(await app.locks.isLocked(key)).toBe(false);
     } finally {
       await first.close();
+    }
+  });
+
+  // A grant read after its lease ran out (this process stalled) is given back before a retry. Under
+  // an owner token the other process's hold is in the same field: before, the give-back deleted
+  // the field, and the lock ended under the other process once this one released.
+  it('gives back one hold of a grant read after its lease ran out under an owner token, leaving the hold another process took meanwhile', async () => {
+    const key = 'token:stale-grant';
+    const joiner = new Fixture('token-joiner', [redis.url, key, 'transfer-8']);
+    try {
+      await joiner.next('ready');
+      joiner.send({ type: 'watch' });
+      await joiner.next('watching');
+      // The acquire command leaves at once; its reply waits behind a CPU hog longer than the lease,
+      // and the other process joins meanwhile.
+      const acquiring = app.locks.acquire(key, { owner: 'transfer-8', leaseMs: 300, waitMs: 5_000 });
+      stall(1_500);
+      const lock = await acquiring;
+      expect((await joiner.next('joined')).holdCount).toBe(2);
+      // The retry re-entered the other process's hold.
+      expect(lock.holdCount).toBe(2);
+      await lock.release();
+      expect(await raw.hget(`lock:{${key}}`, 'transfer-8')).toBe('1');
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(5_000);
+      joiner.send({ type: 'release' });
+      await joiner.next('done');
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    } finally {
+      await joiner.stop();
     }
   });
 
