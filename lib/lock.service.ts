@@ -785,7 +785,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const result = { granted: true as const, holdCount: 1, fencingToken };
     if (this.time.now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackGrant(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
@@ -805,7 +805,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async takenOver(key: string, context: LockContext, o: ResolvedLockOptions, handover: Handover | undefined, started: number): Promise<LockHandle | undefined> {
     if (handover === undefined) return undefined;
     if (handover === 'unknown') {
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.store.releaseAll(key, context.owner, o.mode)).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackGrant(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (this.leaseRanOut(handover.leaseStart, o) && (await this.givenBack(o, context.owner, [{ key, holdCount: 1 }]))) return undefined;
@@ -869,9 +869,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      // A fresh hold whole (a resent acquisition may have counted it twice); but under an owner given
-      // by name, one hold only: another process may have joined the lock under that name meanwhile.
-      grants.map((g) => this.step<unknown>(g.holdCount === 1 && this.madeHere(owner) ? this.store.releaseAll(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.giveBackGrant(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
     );
     return true;
   }
@@ -1175,6 +1173,16 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * out): the release may free the lock only when this process holds nothing of it, and is
    * corrected, if it ran twice, against the holds this process counts.
    */
+  /**
+   * Gives back a fresh grant this process will not hand out (stale, or from a release that failed):
+   * whole for an owner this service made (a resent acquisition may have counted it twice); one hold
+   * for an owner given by name, since another process may have joined the lock under that name
+   * meanwhile, in the same hash field.
+   */
+  private giveBackGrant(key: string, owner: string, mode: LockMode): Promise<unknown> {
+    return this.madeHere(owner) ? this.store.releaseAll(key, owner, mode) : this.giveBackHold(key, owner, mode);
+  }
+
   private giveBackHold(key: string, owner: string, mode: LockMode): Promise<number> {
     return this.store.release(key, owner, mode, undefined, this.countHolds, this.holdsHere(owner, key, mode));
   }
