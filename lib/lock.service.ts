@@ -1169,11 +1169,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * Gives back one hold of a grant this process did not count (a late grant, or one whose lease ran
-   * out): the release may free the lock only when this process holds nothing of it, and is
-   * corrected, if it ran twice, against the holds this process counts.
-   */
-  /**
    * Gives back a fresh grant this process will not hand out (stale, or from a release that failed):
    * whole for an owner this service made (a resent acquisition may have counted it twice); one hold
    * for an owner given by name, since another process may have joined the lock under that name
@@ -1183,6 +1178,11 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     return this.madeHere(owner) ? this.store.releaseAll(key, owner, mode) : this.giveBackHold(key, owner, mode);
   }
 
+  /**
+   * Gives back one hold of a grant this process did not count (a late grant, or one whose lease ran
+   * out): the release may free the lock only when this process holds nothing of it, and is
+   * corrected, if it ran twice, against the holds this process counts.
+   */
   private giveBackHold(key: string, owner: string, mode: LockMode): Promise<number> {
     return this.store.release(key, owner, mode, undefined, this.countHolds, this.holdsHere(owner, key, mode));
   }
