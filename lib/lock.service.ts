@@ -785,7 +785,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const result = { granted: true as const, holdCount: 1, fencingToken };
     if (this.time.now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackGrant(key, context.owner, o.mode)).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackOwn(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
@@ -805,7 +805,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async takenOver(key: string, context: LockContext, o: ResolvedLockOptions, handover: Handover | undefined, started: number): Promise<LockHandle | undefined> {
     if (handover === undefined) return undefined;
     if (handover === 'unknown') {
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackGrant(key, context.owner, o.mode)).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackOwn(key, context.owner, o.mode)).catch(() => undefined);
       return undefined;
     }
     if (this.leaseRanOut(handover.leaseStart, o) && (await this.givenBack(o, context.owner, [{ key, holdCount: 1 }]))) return undefined;
@@ -869,7 +869,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   private async givenBack(o: ResolvedLockOptions, owner: string, grants: readonly { key: string; holdCount: number }[]): Promise<boolean> {
     if (!grants.some((g) => g.holdCount === 1)) return false;
     await Promise.all(
-      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.giveBackGrant(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
+      grants.map((g) => this.step<unknown>(g.holdCount === 1 ? this.giveBackOwn(g.key, owner, o.mode) : this.giveBackHold(g.key, owner, o.mode)).catch(() => undefined)),
     );
     return true;
   }
@@ -1073,7 +1073,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private keptAtShutdown(lock: HeldLock): boolean {
     // An owner given by name may hold the lock in other processes too: a fixed lease set here
-    // would cut theirs, so this process gives back its own holds instead (see takeBack).
+    // would cut theirs, so this process gives back its own holds instead (see giveBackOwn).
     if (!this.madeHere(lock.owner)) return false;
     let until = lock.keepUntil;
     for (const hold of this.kept) {
@@ -1169,13 +1169,16 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
   }
 
   /**
-   * Gives back a fresh grant this process will not hand out (stale, or from a release that failed):
-   * whole for an owner this service made (a resent acquisition may have counted it twice); one hold
-   * for an owner given by name, since another process may have joined the lock under that name
-   * meanwhile, in the same hash field.
+   * Gives back what this process holds of a lock and will not use: a fresh grant it will not hand
+   * out (stale, or from a release that failed), or a lost lock's `holds` (markLost). Every hold of
+   * an owner this service made, which no other process uses (a resent acquisition may have counted
+   * one twice); of an owner given by name, this process's `holds` only, one release each (sent
+   * together, so they reach Redis in a row), since another process may hold the lock under that
+   * name too, in the same hash field (a hand-over: see the README's owners).
    */
-  private giveBackGrant(key: string, owner: string, mode: LockMode): Promise<unknown> {
-    return this.madeHere(owner) ? this.store.releaseAll(key, owner, mode) : this.giveBackHold(key, owner, mode);
+  private giveBackOwn(key: string, owner: string, mode: LockMode, holds = 1): Promise<unknown> {
+    if (this.madeHere(owner)) return this.store.releaseAll(key, owner, mode);
+    return Promise.all(Array.from({ length: holds }, () => this.giveBackHold(key, owner, mode)));
   }
 
   /**
@@ -1274,7 +1277,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const cleanup =
       reason === 'taken' || (reason === 'lease-expired' && this.acquiringIds.has(lock.id)) || (reason === 'shutdown' && this.keptAtShutdown(lock))
         ? Promise.resolve()
-        : this.takeBack(lock).then(
+        : this.giveBackOwn(lock.key, lock.owner, lock.mode, lock.holds).then(
             () => undefined,
             () => undefined,
           );
@@ -1283,17 +1286,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     this.emit({ type: 'lost', key: lock.key, owner: lock.owner, reason, heldMs: error.heldMs, error });
     lock.abort();
     return cleanup;
-  }
-
-  /**
-   * Takes a lost lock's holds back from Redis (markLost): every hold of an owner this service made,
-   * which no other process uses; of an owner given by name, this process's own holds only, one
-   * release each (sent together, so they reach Redis in a row), since another process may hold the
-   * lock under that name too (a hand-over: see the README's owners).
-   */
-  private takeBack(lock: HeldLock): Promise<unknown> {
-    if (this.madeHere(lock.owner)) return this.store.releaseAll(lock.key, lock.owner, lock.mode);
-    return Promise.all(Array.from({ length: lock.holds }, () => this.store.release(lock.key, lock.owner, lock.mode, undefined, this.countHolds, false)));
   }
 
   private async inspect(key: string, owner: string | undefined, operation: string, mode?: LockMode) {
