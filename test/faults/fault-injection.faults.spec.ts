@@ -11,8 +11,16 @@ import { expectedServer, RedisServer, serverIdentity } from '../support/redis-se
  * by a fenced compare-and-set, so the checks below judge the lock and nothing else.
  */
 const LEASE = 1_000;
-/** Fair places (key k0) lapse after this long without an attempt; a handover lasts at most this long. */
-const FAIR_QUEUE_TIMEOUT_MS = 500;
+/**
+ * Fair places (key k0) lapse after this long without an attempt; a handover lasts at most this long.
+ * It is the lease: the handover lease (min(lease, this)) is counted from the waiter's last attempt,
+ * which may come up to half of it before the release, so a lock just handed over may have only half
+ * of it left when its first renewal is sent. With 500 ms that was 250 ms, less than the 300 ms
+ * CLIENT PAUSE below: the holder rightly counted the lock lost at its deadline (seen in CI on
+ * Valkey, and here about once in 12 runs under load). With 1 s both margins (two thirds of the lease for a renewed lock, half the handover
+ * lease for a handed-over one) are above the pause, as the README states.
+ */
+const FAIR_QUEUE_TIMEOUT_MS = LEASE;
 const KEYS = 3;
 /** CLOCK_MONOTONIC in ms: the same clock in every process on this machine (the workers use it too). */
 const clock = () => Number(process.hrtime.bigint()) / 1e6;
@@ -112,7 +120,7 @@ describe('fault injection', () => {
     expect(killed.has(name)).toBe(false);
   });
 
-  it('CLIENT PAUSE shorter than the lease: no lock is lost', async () => {
+  it('CLIENT PAUSE shorter than what is left of every lease when its renewal is sent: no lock is lost', async () => {
     const live = [...children.entries()].filter(([n]) => !killed.has(n));
     const since = clock();
     for (const [, c] of live) c.send({ type: 'hold', ms: 1_200 });
@@ -120,10 +128,11 @@ describe('fault injection', () => {
     const raw = lockRedis.client();
     const pausedAt = clock();
     await raw.call('CLIENT', 'PAUSE', '300', 'ALL');
-    // Let a whole lease pass: every renewal due meanwhile is delayed by the pause, none is missed.
+    // Let a whole lease pass: every renewal due meanwhile is delayed by the pause, none is missed
+    // (see FAIR_QUEUE_TIMEOUT_MS for the margins).
     await Promise.all(live.map(([, c]) => c.next('exit', (m) => Number(m.at) > pausedAt + 1_100, 15_000)));
     const losses = all().filter((m) => m.type === 'lost' && Number(m.at) > pausedAt);
-    expect(losses).toEqual([]);
+    expect(losses.map((m) => `${m.child} ${m.key} ${m.reason} ${Math.round(Number(m.at) - pausedAt)} ms after the pause began`)).toEqual([]);
   });
 
   it('restart redis-server mid-hold: holders are told they lost their locks, then everything works again', async () => {
