@@ -704,12 +704,15 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           // Sleep until a release wakes us; the holder's lease bounds the sleep, so a lost release
           // message costs at most that lease. A key without expiry (not ours) is re-checked every second.
           // A fair waiter, or a waiting writer, comes back before its place runs out.
-          // A fair waiter also comes back within half its handover lease, so a lock handed to it is
-          // never older than that when it gets the message (see handedOver).
+          // A fair waiter also comes back within half its handover lease of its attempt's start, so
+          // a lock handed to it is never older than that by its count when it gets the message (see
+          // handedOver). Counted from the start, not the reply: after a reply Redis held up (a
+          // pause, a fork) it comes back at once, or a lock handed over next would be counted from
+          // that old start, and given back or lost early.
           const ttl = attempt.result.ttlMs;
           let bound = Math.min(ttl >= 0 ? ttl + 1 : 1_000, remaining);
           if (o.mode === 'write') bound = Math.min(bound, this.options.fairQueueTimeoutMs / 2);
-          if (o.fair) bound = Math.min(bound, this.handoverLeaseMs(o) / 2);
+          if (o.fair) bound = Math.min(bound, Math.max(0, attempt.start + this.handoverLeaseMs(o) / 2 - this.time.now()));
           const how = await watch.sleep(bound, sleep.signal);
           if (how === 'granted') {
             const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);

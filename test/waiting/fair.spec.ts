@@ -443,6 +443,47 @@ describe('fair mode', () => {
     }
   });
 
+  it('comes back at once after an attempt Redis answered late, so a lock handed over next is counted from a fresh attempt and used', async () => {
+    const key = 'fair:late-reply';
+    // A queue timeout of 2 s, which is also the handover lease: the waiter comes back within 1 s of
+    // each attempt's start.
+    const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 2_000 });
+    const listener = raw.duplicate();
+    const messages: string[] = [];
+    listener.on('message', (_channel: string, message: string) => messages.push(message));
+    try {
+      await listener.subscribe(`lock:{${key}}`);
+      const holder = await app.locks.acquire(key, { fair: true });
+      const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
+      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
+      const { owner } = await contended;
+      await waitRegistered(raw, key, owner);
+      await until(async () => asleep(patient, key) === 1, 5_000, 'the waiter asleep');
+      const losses: string[] = [];
+      const watching = patient.locks.events$.subscribe((e) => e.type === 'lost' && losses.push(e.reason));
+      // Its next attempt, about 1 s from now, waits out a 3 s pause: it starts some 2 s before
+      // its reply. Had it slept 1 s from that reply, the release 3.4 s from now would hand it the
+      // lock 2.4 s after that attempt's start, past the handover lease by its count: it would give
+      // the lock back and take it afresh, with a token past the handover's.
+      const from = await redisNowMs(raw);
+      await raw.client('PAUSE', 3_000, 'ALL');
+      await until(async () => (await redisNowMs(raw)) > from + 3_400, 10_000, '3.4 s of Redis time');
+      await holder.release();
+      const lock = await waiting;
+      await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
+      const handed = Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+      expect(handed).toBeGreaterThan(holder.fencingToken);
+      expect(lock.fencingToken).toBe(handed);
+      expect(lock.signal.aborted).toBe(false);
+      await lock.release();
+      watching.unsubscribe();
+      expect(losses).toEqual([]);
+    } finally {
+      listener.disconnect();
+      await patient.close();
+    }
+  });
+
   it('wakes the next waiter when the head leaves the queue of a free lock', async () => {
     // A queue timeout of 20 s: the waiter below would otherwise sleep up to 10 s between attempts.
     const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 20_000 });
