@@ -403,16 +403,21 @@ describe('fair mode', () => {
     }
   });
 
-  it('gives back a handover whose message it reads only once the handover lease, counted from its attempt, has ended (a stalled process), and takes the lock afresh', async () => {
-    const key = 'fair:stale-message';
-    // A queue timeout of 2 s, which is also the handover lease: the waiter sleeps up to 1 s between
-    // attempts and keeps its place for 2 s after each, time enough to start the stall below before it
-    // tries again and to run the release before its place lapses.
+  /**
+   * A lock held in this test's app, and a fair waiter for it in a second app whose queue timeout of
+   * 2 s is also its handover lease (it comes back within 1 s of each attempt's start and keeps its
+   * place for 2 s after each), registered; `handedToken()` is the token of the first handover the
+   * key's channel carried.
+   */
+  const waiterBehindHolder = async (key: string) => {
     const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 2_000 });
-    // The messages on the key's channel, for the handover's token.
     const listener = raw.duplicate();
     const messages: string[] = [];
     listener.on('message', (_channel: string, message: string) => messages.push(message));
+    const close = async () => {
+      listener.disconnect();
+      await patient.close();
+    };
     try {
       await listener.subscribe(`lock:{${key}}`);
       const holder = await app.locks.acquire(key, { fair: true });
@@ -420,6 +425,21 @@ describe('fair mode', () => {
       const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
       // Its attempt after subscribing registers the wait id; it then sleeps.
       await waitRegistered(raw, key, (await contended).owner);
+      const handedToken = async () => {
+        await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
+        return Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+      };
+      return { patient, holder, waiting, handedToken, close };
+    } catch (error) {
+      await close();
+      throw error;
+    }
+  };
+
+  it('gives back a handover whose message it reads only once the handover lease, counted from its attempt, has ended (a stalled process), and takes the lock afresh', async () => {
+    const key = 'fair:stale-message';
+    const { holder, waiting, handedToken, close } = await waiterBehindHolder(key);
+    try {
       // Redis runs the release (handing the lock to the waiter for 2 s) 1.2 s from now, while this
       // process is stalled for 2.4 s. When it goes on, it reads the handover message before the
       // waiter's timer fires: the grant is older than its handover lease by the waiter's count,
@@ -431,33 +451,20 @@ describe('fair mode', () => {
       const lock = await waiting;
       // Given back and taken afresh, with a token past the handover's; using the handover would
       // keep its token.
-      await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
-      const handed = Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+      const handed = await handedToken();
       expect(handed).toBeGreaterThan(holder.fencingToken);
       expect(lock.fencingToken).toBeGreaterThan(handed);
       expect(await raw.hget(`lock:{${key}}`, lock.owner)).toBe('1');
       await lock.release();
     } finally {
-      listener.disconnect();
-      await patient.close();
+      await close();
     }
   });
 
   it('comes back at once after an attempt Redis answered late, so a lock handed over next is counted from a fresh attempt and used', async () => {
     const key = 'fair:late-reply';
-    // A queue timeout of 2 s, which is also the handover lease: the waiter comes back within 1 s of
-    // each attempt's start.
-    const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 2_000 });
-    const listener = raw.duplicate();
-    const messages: string[] = [];
-    listener.on('message', (_channel: string, message: string) => messages.push(message));
+    const { patient, holder, waiting, handedToken, close } = await waiterBehindHolder(key);
     try {
-      await listener.subscribe(`lock:{${key}}`);
-      const holder = await app.locks.acquire(key, { fair: true });
-      const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
-      const { owner } = await contended;
-      await waitRegistered(raw, key, owner);
       await until(async () => asleep(patient, key) === 1, 5_000, 'the waiter asleep');
       const losses: string[] = [];
       const watching = patient.locks.events$.subscribe((e) => e.type === 'lost' && losses.push(e.reason));
@@ -470,8 +477,7 @@ describe('fair mode', () => {
       await until(async () => (await redisNowMs(raw)) > from + 3_400, 10_000, '3.4 s of Redis time');
       await holder.release();
       const lock = await waiting;
-      await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
-      const handed = Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+      const handed = await handedToken();
       expect(handed).toBeGreaterThan(holder.fencingToken);
       expect(lock.fencingToken).toBe(handed);
       expect(lock.signal.aborted).toBe(false);
@@ -479,8 +485,7 @@ describe('fair mode', () => {
       watching.unsubscribe();
       expect(losses).toEqual([]);
     } finally {
-      listener.disconnect();
-      await patient.close();
+      await close();
     }
   });
 
