@@ -17,8 +17,9 @@ const LEASE = 1_000;
  * which may come up to half of it before the release, so a lock just handed over may have only half
  * of it left when its first renewal is sent. With 500 ms that was 250 ms, less than the 300 ms
  * CLIENT PAUSE below: the holder rightly counted the lock lost at its deadline (seen in CI on
- * Valkey, and here about once in 12 runs under load). With 1 s both margins (two thirds of the lease for a renewed lock, half the handover
- * lease for a handed-over one) are above the pause, as the README states.
+ * Valkey, and here about once in 12 runs under load). With 1 s both margins (two thirds of the
+ * lease for a renewed lock, half the handover lease for a handed-over one) are above the pause, as
+ * the README states.
  */
 const FAIR_QUEUE_TIMEOUT_MS = LEASE;
 const KEYS = 3;
