@@ -715,7 +715,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
           if (o.fair) bound = Math.min(bound, Math.max(0, attempt.start + this.handoverLeaseMs(o) / 2 - this.time.now()));
           const how = await watch.sleep(bound, sleep.signal);
           if (how === 'granted') {
-            const handle = await this.handedOver(key, context, o, watch.grantedToken!, attempt.start, started);
+            const handle = await this.handedOver(key, context, o, watch, attempt.start, started);
             if (handle) {
               granted = true;
               return handle;
@@ -742,7 +742,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         sleep.dispose();
         watch.close(woken);
         // A fair waiter that gives up leaves the queue, so nothing of it stays in Redis.
-        if (!granted) await this.abandon(key, context.owner, o);
+        if (!granted) await this.abandon(key, context.owner, o, watch.waitId);
       }
     } finally {
       this.acquisitionEnded(ids);
@@ -780,15 +780,17 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * A fair release handed the lock to this waiter (no round trip of ours). Redis set the handover
    * lease at the release, which came after the start of our latest attempt (`attemptStart`): the
    * lease is counted from there. A grant already past that lease (this process was paused) is
-   * given back and undefined returned, so the caller tries again. A fixed lease (no watchdog)
-   * longer than the handover lease is set in Redis before the lock is handed out.
+   * given back (the hold the handover gave, and its mark, which names `watch`'s wait: another
+   * process's holds under a shared owner token stay) and undefined returned, so the caller tries
+   * again. A fixed lease (no watchdog) longer than the handover lease is set in Redis before the
+   * lock is handed out.
    */
-  private async handedOver(key: string, context: LockContext, o: ResolvedLockOptions, fencingToken: number, attemptStart: number, started: number): Promise<LockHandle | undefined> {
+  private async handedOver(key: string, context: LockContext, o: ResolvedLockOptions, watch: ReleaseWatch, attemptStart: number, started: number): Promise<LockHandle | undefined> {
     const handoverMs = this.handoverLeaseMs(o);
-    const result = { granted: true as const, holdCount: 1, fencingToken };
+    const result = { granted: true as const, holdCount: 1, fencingToken: watch.grantedToken! };
     if (this.time.now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
       // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.step(this.giveBackOwn(key, context.owner, o.mode)).catch(() => undefined);
+      if (!this.holdsHere(context.owner, key, o.mode)) await this.abandon(key, context.owner, o, watch.waitId);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
@@ -846,7 +848,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     // may have run before it: ioredis can send an unanswered command again after the commands
     // sent while it reconnected (see README, "When a step runs twice").
     const result = await this.bounded(send, owner, key, o.mode, start, deadline, (late) =>
-      late.granted ? this.giveBackHold(key, owner, o.mode) : this.abandon(key, owner, o),
+      late.granted ? this.giveBackHold(key, owner, o.mode) : this.abandon(key, owner, o, waitId),
     );
     if (result.granted && this.leaseRanOut(start, o) && (await this.givenBack(o, owner, [{ key, holdCount: result.holdCount }]))) {
       return { result: { granted: false, ttlMs: 0 }, start };
@@ -1219,10 +1221,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     return owner.startsWith(this.ownerPrefix);
   }
 
-  /** A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. */
-  private async abandon(key: string, owner: string, o: ResolvedLockOptions): Promise<void> {
+  /**
+   * A waiter gave up: it leaves the fair queue or the waiting writers, so nothing of it stays. A
+   * lock handed to its wait `waitId` (none before it watched the key) is given back.
+   */
+  private async abandon(key: string, owner: string, o: ResolvedLockOptions, waitId?: string): Promise<void> {
     if (!o.fair && o.mode !== 'write') return;
-    await this.step(this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode))).catch(() => undefined);
+    await this.step(this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode), waitId)).catch(() => undefined);
   }
 
   /**

@@ -66,10 +66,11 @@ export interface LockStore {
 
   /**
    * A waiter gave up: takes `owner` out of the fair queue of `key` (handing a free lock to the next
-   * waiter) and, for a writer, out of the waiting writers. A lock handed to `owner` after it gave
-   * up is given back, unless `heldLocally` (the caller's process holds it for `owner`).
+   * waiter) and, for a writer, out of the waiting writers. A lock handed to the wait `waitId` of
+   * `owner` (its ReleaseWatch's; none before it watched the key) and not taken over is given back,
+   * one hold, unless `heldLocally` (the caller's process holds it for `owner`).
    */
-  abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally?: boolean): Promise<void>;
+  abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally?: boolean, waitId?: string): Promise<void>;
 
   /**
    * Starts watching `key` for releases, for a wait of `owner` (fair mode wakes owners by name). The

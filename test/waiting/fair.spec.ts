@@ -1,5 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { LockNotAcquiredError } from '../../lib/index.js';
 import type { LockStore } from '../../lib/store/lock-store.js';
@@ -335,9 +338,10 @@ describe('fair mode', () => {
       const key = 'fair:handover-reentered';
       const holder = await other.locks.acquire(key, { fair: true });
       const { waiting, owner } = await queuedWaiter(key);
+      const waitId = (await raw.hget(`lock:{${key}}:queue:leases`, owner))!.split(' ')[1];
       await holder.release();
       const lock = await waiting;
-      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe(owner);
+      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe(`${waitId} ${owner}`);
       await lock.run(async () => {
         const inner = await patient.locks.acquire(key, { fair: true });
         expect(inner.holdCount).toBe(2);
@@ -348,6 +352,31 @@ describe('fair mode', () => {
       expect(await raw.hget(`lock:{${key}}`, owner)).toBe('1');
       await lock.release();
       expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
+
+    // The handover mark names the wait, not only the owner: before, a fair acquisition of another
+    // process under the token took the mark for its own handover (hold count 1, not 2), and the
+    // first process's release freed the lock under it.
+    it('lets a fair acquisition of another process under the owner token re-enter a lock handed to a wait of the first: the first release leaves it held', async () => {
+      const key = 'fair:handover-token';
+      const joiner = await startLockApp({ redis: redis.url, leaseMs: 60_000 });
+      try {
+        const holder = await other.locks.acquire(key, { fair: true });
+        const { waiting } = await queuedWaiter(key, { owner: 'shift-3' });
+        await holder.release();
+        const lock = await waiting;
+        const joined = await joiner.locks.acquire(key, { fair: true, owner: 'shift-3', waitMs: 0 });
+        expect(joined.holdCount).toBe(2);
+        expect(await raw.hget(`lock:{${key}}`, 'shift-3')).toBe('2');
+        await lock.release();
+        expect(await raw.hget(`lock:{${key}}`, 'shift-3')).toBe('1');
+        expect(await other.locks.tryAcquire(key)).toBeNull();
+        expect(joined.isHeld).toBe(true);
+        await joined.release();
+        expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+      } finally {
+        await joiner.close();
+      }
     });
 
     it('lets a waiter that missed the message take the grant as its own on its next attempt, not as a re-entry', async () => {
@@ -406,10 +435,10 @@ describe('fair mode', () => {
   /**
    * A lock held in this test's app, and a fair waiter for it in a second app whose queue timeout of
    * 2 s is also its handover lease (it comes back within 1 s of each attempt's start and keeps its
-   * place for 2 s after each), registered; `handedToken()` is the token of the first handover the
-   * key's channel carried.
+   * place for 2 s after each), registered, with the acquisition `options`; `handedToken()` is the
+   * token of the first handover the key's channel carried.
    */
-  const waiterBehindHolder = async (key: string) => {
+  const waiterBehindHolder = async (key: string, options: { owner?: string } = {}) => {
     const patient = await startLockApp({ redis: redis.url, fairQueueTimeoutMs: 2_000 });
     const listener = raw.duplicate();
     const messages: string[] = [];
@@ -422,7 +451,7 @@ describe('fair mode', () => {
       await listener.subscribe(`lock:{${key}}`);
       const holder = await app.locks.acquire(key, { fair: true });
       const contended = nextEvent(patient.locks.events$, 'contended', (e) => e.key === key);
-      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000 });
+      const waiting = patient.locks.acquire(key, { fair: true, waitMs: 30_000, ...options });
       // Its attempt after subscribing registers the wait id; it then sleeps.
       await waitRegistered(raw, key, (await contended).owner);
       const handedToken = async () => {
@@ -458,6 +487,50 @@ describe('fair mode', () => {
       await lock.release();
     } finally {
       await close();
+    }
+  });
+
+  // Before, the give-back dropped one hold but left the handover mark, which named the token only:
+  // the retry took the mark for its own handover (hold count 1), and this process's release freed
+  // the lock under the other one.
+  it('gives back only the handover it read too late when another process joined under the owner token meanwhile, and re-enters that process\'s hold', async () => {
+    const key = 'fair:stale-token';
+    const joinedFile = join(mkdtempSync(join(tmpdir(), 'token-joiner-')), 'joined');
+    const joiner = new Fixture('token-joiner', [redis.url, key, 'shift-9', joinedFile]);
+    let close = async () => {};
+    try {
+      await joiner.next('ready');
+      joiner.send({ type: 'watch' });
+      await joiner.next('watching');
+      // Queued right before the pause below (as in the test above), so its place, 2 s from its
+      // latest attempt, outlasts the pause.
+      const { holder, waiting, ...rest } = await waiterBehindHolder(key, { owner: 'shift-9' });
+      close = rest.close;
+      // As in the test above: the release hands the lock to the waiter 1.2 s from now, and this
+      // process reads the message at 2.4 s at the earliest, past the handover lease by its count.
+      // Meanwhile the child process joins under the token as soon as the handover shows in Redis;
+      // this process stays stalled until the child's file says it has.
+      await raw.client('PAUSE', 1_200, 'ALL');
+      const released = holder.release();
+      await stallInTimer(2_400, () => {
+        const giveUp = performance.now() + 10_000;
+        while (!existsSync(joinedFile) && performance.now() < giveUp);
+      });
+      await released;
+      const lock = await waiting;
+      expect((await joiner.next('joined')).holdCount).toBe(2);
+      // The handover's hold was given back and the retry re-entered the child's.
+      expect(lock.holdCount).toBe(2);
+      expect(await raw.hget(`lock:{${key}}`, 'shift-9')).toBe('2');
+      await lock.release();
+      expect(await raw.hget(`lock:{${key}}`, 'shift-9')).toBe('1');
+      joiner.send({ type: 'release' });
+      await joiner.next('done');
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    } finally {
+      await joiner.stop();
+      await close();
+      rmSync(dirname(joinedFile), { recursive: true, force: true });
     }
   });
 
@@ -502,7 +575,7 @@ describe('fair mode', () => {
       await raw.lpush(`lock:{${key}}:queue`, 'ghost');
       await raw.zadd(`lock:{${key}}:queue:timeouts`, Date.now() + 60_000, 'ghost');
       await holder.release(); // hands the lock to 'ghost', which nobody answers
-      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe('ghost');
+      expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe(' ghost'); // no wait id registered
       const store = (patient.locks as unknown as { store: { abandon(k: string, o: string, m: 'exclusive', fair: boolean, heldLocally: boolean): Promise<void> } }).store;
       const leftAt = performance.now();
       // Leaving gives back what was handed to it after it gave up, and the next waiter gets it.

@@ -28,12 +28,14 @@
  * is dropped by the next script that looks at the queue. All deadlines are on Redis's clock (TIME).
  * A release that frees the lock hands it over inside the same script: the first live waiter
  * becomes the holder (hold count 1, a fresh fencing token, the lease it registered, at most its
- * queue timeout), the hash field `:handed` names it, and `granted <token> <wait id> <owner>` is published (and
- * returned to the releaser, which wakes the waiter itself when it is in the same process), so
- * the waiter holds the lock without another round trip. A waiter that missed the message finds
- * `:handed` naming it on its next attempt and takes the grant as its own (it does not re-enter);
- * one that gave up meanwhile gives it back when it leaves the queue; one that crashed holds it
- * until that short lease ends. `:handed` goes with the holder's last hold.
+ * queue timeout), the hash field `:handed` = `<wait id> <owner>` names its wait, and
+ * `granted <token> <wait id> <owner>` is published (and returned to the releaser, which wakes the
+ * waiter itself when it is in the same process), so the waiter holds the lock without another
+ * round trip. A waiter that missed the message finds `:handed` naming its wait on its next attempt
+ * and takes the grant as its own (it does not re-enter); one that gave up meanwhile gives it back
+ * when it leaves the queue; one that crashed holds it until that short lease ends. `:handed` goes
+ * with the holder's last hold. Naming the wait, not only the owner, keeps the processes of an
+ * owner token apart: another process's acquisition under the token re-enters (a hold of its own).
  *
  * Read-write mode: the same hash holds write holds in field `owner` (so a plain exclusive lock and a
  * write lock exclude each other), read holds in field `owner:read`, and `:mode` = `read` while
@@ -116,6 +118,19 @@ const reenter = `if redis.call('hexists', lock, owner) == 1 then
 end`;
 
 
+/**
+ * Lua expression: whether the lock was handed to the wait `waitId` of `owner` and not taken over
+ * yet. The mark `:handed` is `<wait id> <owner>`: it names the wait whose place the release found,
+ * and only that wait takes it as its grant (it may already have, from the message, without a round
+ * trip). A place registered before its wait watched the channel has no wait id (mark
+ * `' ' .. owner`): no waiter takes such a grant from the message, so the first wait of the owner to
+ * ask takes it. Any other acquisition of the owner (a wait of another process under a shared owner
+ * token, or a fresh one) re-enters instead, adding a hold of its own. Expects locals lock, owner.
+ */
+function handedTo(waitId: string): string {
+  return `(function(mark) return mark == ${waitId} .. ' ' .. owner or mark == ' ' .. owner end)(redis.call('hget', lock, ':handed'))`;
+}
+
 /** Lua fragment: `nowMs` from the TIME reply `t`, and the fair queue's lapsed places dropped. Expects locals queue, timeouts, leases. */
 const pruneQueue = `local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for _, gone in ipairs(redis.call('zrangebyscore', timeouts, '-inf', nowMs)) do
@@ -142,7 +157,7 @@ const handOver = `local function handOver(t, channel, publisher, lifetime)
   if place then handoverLease, waitId = string.match(place, '^(%d+) (%S*)$') end
   redis.call('hdel', leases, head)
   ${nextToken('t', 'lifetime')}
-  redis.call('hset', lock, head, '1', ':handed', head)
+  redis.call('hset', lock, head, '1', ':handed', waitId .. ' ' .. head)
   redis.call('pexpire', lock, handoverLease)
   redis.pcall(publisher, channel, 'granted ' .. token .. ' ' .. waitId .. ' ' .. head)
   return {token, waitId, head}
@@ -192,8 +207,8 @@ return {0, redis.call('pttl', lock)}
  * ARGV[5] the lease to be handed the lock with, ARGV[6] `1` when the caller's process holds this
  * lock for the owner (else `0`), ARGV[7] release channel, ARGV[8] publish command, ARGV[9] the
  * caller's wait id ('' before it watches the channel), echoed in the handover message.
- * Returns as ACQUIRE. A lock handed to the owner while it waited (`:handed` = owner, and the caller
- * does not hold it yet) is returned as a fresh grant with the handover's token and the lease reset
+ * Returns as ACQUIRE. A lock handed to this wait (see handedTo; the caller's process does not hold
+ * it yet) is returned as a fresh grant with the handover's token and the lease reset
  * to ARGV[2]. When refused, the owner is in the queue (or its place refreshed); the reply is {0,
  * the holder's remaining lease, the latest fencing token of the key}: a handover message with a
  * token up to that one was issued before this attempt, so it is void. A free lock whose queue has
@@ -203,7 +218,7 @@ export const ACQUIRE_FAIR = `
 local lock, fence, queue, timeouts, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 ${handOver}
-if ARGV[6] == '0' and redis.call('hget', lock, ':handed') == owner then
+if ARGV[6] == '0' and ${handedTo('ARGV[9]')} then
   redis.call('hdel', lock, ':handed')
   redis.call('pexpire', lock, ARGV[2])
   return {1, tonumber(redis.call('hget', lock, owner)), ${currentToken}}
@@ -230,12 +245,14 @@ return {0, redis.call('pttl', lock), ${currentToken}}
 `;
 
 /**
- * Leave the fair queue (a waiter gave up or was aborted). A lock handed to the owner meanwhile
- * (`:handed` = owner, and the caller's process does not hold it) is given back. A free lock goes to
- * the next live waiter.
+ * Leave the fair queue (a waiter gave up or was aborted, or read its handover too late), and give
+ * back a lock handed to this wait and not taken over (see handedTo; the caller's process does not
+ * hold it): its mark and the one hold the handover gave, so the holds of the owner's other
+ * processes (an owner token shared by processes) stay. A free lock goes to the next live waiter.
  * KEYS[1] lock hash, KEYS[2] queue (its timeouts and leases are named from it).
  * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] `1` when the caller's process
- * holds this lock for the owner, ARGV[5] fencing counter lifetime in ms (for a lock it hands over).
+ * holds this lock for the owner, ARGV[5] fencing counter lifetime in ms (for a lock it hands over),
+ * ARGV[6] the caller's wait id ('' before it watched the channel).
  * Returns 1 when the owner was queued, else 0.
  */
 export const LEAVE_QUEUE = `
@@ -245,11 +262,13 @@ local queued = redis.call('zrem', timeouts, owner) == 1
 if queued then
   redis.call('lrem', queue, 0, owner)
   redis.call('hdel', leases, owner)
-elseif ARGV[4] == '0' and redis.call('hget', lock, ':handed') == owner then
-  redis.call('del', lock)
-else
-  return 0
 end
+local given = ARGV[4] == '0' and ${handedTo('ARGV[6]')}
+if given then
+  redis.call('hdel', lock, ':handed')
+  if redis.call('hincrby', lock, owner, -1) <= 0 then redis.call('del', lock) end
+end
+if not queued and not given then return 0 end
 ${freed('ARGV[5]')}
 if queued then return 1 end
 return 0

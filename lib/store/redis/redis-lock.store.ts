@@ -718,9 +718,9 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false): Promise<void> {
+  async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false, waitId = ''): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0, this.fenceTtlMs]);
+    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0, this.fenceTtlMs, waitId]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`, name], [owner, name, this.publish]);
   }
 
