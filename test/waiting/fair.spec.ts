@@ -455,8 +455,9 @@ describe('fair mode', () => {
       // Its attempt after subscribing registers the wait id; it then sleeps.
       await waitRegistered(raw, key, (await contended).owner);
       const handedToken = async () => {
-        await until(async () => messages.some((m) => m.startsWith('granted ')), 5_000, 'the handover message');
-        return Number(messages.find((m) => m.startsWith('granted '))!.split(' ')[1]);
+        let handover: string | undefined;
+        await until(async () => (handover = messages.find((m) => m.startsWith('granted '))) !== undefined, 5_000, 'the handover message');
+        return Number(handover!.split(' ')[1]);
       };
       return { patient, holder, waiting, handedToken, close };
     } catch (error) {
