@@ -131,6 +131,22 @@ describe('RedisLockStore scripts', () => {
     expect(await raw.exists(name, `${name}:queue`)).toBe(0);
   });
 
+  // A wait's first attempt registers its place before the wait watches the channel, so no wait id
+  // names it and no message can reach the wait: its next attempt, with its wait id, takes the grant.
+  it('gives a fair lock handed to a place registered without a wait id to the owner\'s next attempt as its grant, not as a re-entry', async () => {
+    const key = 'handed-no-wait-id';
+    const name = `lock:{${key}}`;
+    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
+    expect((await store.acquire({ key, owner: 'H', ...fair })).granted).toBe(true);
+    expect((await store.acquire({ key, owner: 'W', ...fair })).granted).toBe(false);
+    expect(await store.release(key, 'H')).toBe(0);
+    expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': ' W' });
+    expect(await store.acquire({ key, owner: 'W', ...fair, waitId: 'w.1' })).toMatchObject({ granted: true, holdCount: 1 });
+    expect(await raw.hgetall(name)).toEqual({ W: '1' });
+    expect(await store.release(key, 'W')).toBe(0);
+    expect(await raw.exists(name)).toBe(0);
+  });
+
   it('inspects and force-unlocks, announcing the release to every waiter', async () => {
     expect(await store.inspect('inspect', 'A')).toEqual({ locked: false, holdCount: 0, ttlMs: -2 });
     await store.acquire({ key: 'inspect', owner: 'A', leaseMs: 5_000 });
