@@ -538,7 +538,7 @@ describe.each([
     links = new Map();
     for (const server of cluster.servers) links.set(server.port, await tcpProxy(server.port));
     // Each node announces its proxy's port, so the app's client learns the proxies from the
-    // cluster itself. Not ioredis's natMap: with it, ioredis (5.9 to 6.0.0) records a MOVED
+    // cluster itself. Not ioredis's natMap: with it, ioredis (5.9 to 6.1.0) records a MOVED
     // redirect's untranslated address and sends the command to a random node (README, Topologies),
     // which once ran a step out of redirections here.
     await cluster.announcePorts(new Map(cluster.servers.map((server) => [server, links.get(server.port)!.port])));

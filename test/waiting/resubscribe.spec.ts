@@ -17,7 +17,7 @@ async function subscribedConnections(raw: Redis): Promise<string[]> {
  * The waiters' subscriber connection dropped and reconnected: nestjs-locked subscribes to its
  * release channels again itself (ioredis's own resubscription, in every release up to 5.11.1 and
  * 6.0.0, leaves a rejection unhandled when the connection closes before Redis answers it, and Node
- * ends the process on an unhandled rejection by default).
+ * ends the process on an unhandled rejection by default; 6.1.0 catches it).
  */
 describe('the release subscriber after a dropped connection', () => {
   let redis: RedisServer;
