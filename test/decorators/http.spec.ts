@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import {
+  applyDecorators,
   Body,
   Catch,
   Controller,
@@ -72,6 +73,13 @@ class Inventory {
     return { holdCount: this.locks.current()?.holdCount, key: this.locks.current()?.key };
   }
 }
+
+/**
+ * A project's own decorators that compose a route and its lock with applyDecorators, which applies
+ * them first to last: the later one is the outer, as the upper one of two stacked decorators.
+ */
+const LockedGet = (path: string, key: string) => applyDecorators(Get(path), Locked(key));
+const GetLocked = (path: string, key: string) => applyDecorators(Locked(key), Get(path));
 
 @Controller('items')
 class ItemsController {
@@ -188,6 +196,28 @@ class ItemsController {
     body.write('first chunk\n');
     downloads.set(id, body);
     return new StreamableFile(body);
+  }
+
+  // Composed with applyDecorators, in both orders; with a parameter (Nest passes the call site)
+  // and without (@Locked applied before the route: the interceptor translates).
+  @LockedGet(':id/composed/lock-outer', 'item:<0>')
+  async composedLockOuter(@Param('id') id: string) {
+    return { key: this.locks.current()?.key };
+  }
+
+  @GetLocked(':id/composed/route-outer', 'item:<0>')
+  async composedRouteOuter(@Param('id') id: string) {
+    return { key: this.locks.current()?.key };
+  }
+
+  @LockedGet('composed/all/lock-outer', 'items:all')
+  async composedAllLockOuter() {
+    return { key: this.locks.current()?.key };
+  }
+
+  @GetLocked('composed/all/route-outer', 'items:all')
+  async composedAllRouteOuter() {
+    return { key: this.locks.current()?.key };
   }
 
   @Sse(':id/stream')
@@ -341,6 +371,20 @@ for (const platform of ['express', 'fastify'] as const) {
       await holder.release();
     });
 
+    it('locks handlers whose route and @Locked a decorator of the project composes with applyDecorators, in either order, and answers 409 for them', async () => {
+      const paths = ['4/composed/lock-outer', '4/composed/route-outer', 'composed/all/lock-outer', 'composed/all/route-outer'];
+      const keys = ['item:4', 'item:4', 'items:all', 'items:all'];
+      for (const [i, path] of paths.entries()) expect(await (await fetch(`${url}/items/${path}`)).json()).toEqual({ key: keys[i] });
+      const holders = [await locks.acquire('item:4', { leaseMs: 4_000 }), await locks.acquire('items:all', { leaseMs: 4_000 })];
+      for (const [i, path] of paths.entries()) {
+        const res = await fetch(`${url}/items/${path}`);
+        expect(res.status).toBe(409);
+        expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+        expect(await res.json()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key: keys[i] });
+      }
+      for (const holder of holders) await holder.release();
+    });
+
     it('locks a handler that sends its own response with @Res(), and answers 409 with Retry-After for it when another owner holds the lock', async () => {
       const entered = gate();
       const release = gate();
@@ -485,6 +529,9 @@ describe('which @Locked handlers carry LockInterceptor', () => {
     const handlers = ItemsController.prototype as unknown as Record<string, unknown>;
     for (const name of ['get', 'transfer', 'held', 'missing', 'failFast', 'stream', 'listAbove']) expect(interceptors(handlers[name])).not.toContain(LockInterceptor);
     expect(interceptors(handlers.listBelow)).toContain(LockInterceptor);
+    // The same through applyDecorators: @Locked applied before the route is the inner one.
+    for (const name of ['composedLockOuter', 'composedRouteOuter', 'composedAllLockOuter']) expect(interceptors(handlers[name])).not.toContain(LockInterceptor);
+    expect(interceptors(handlers.composedAllRouteOuter)).toContain(LockInterceptor);
   });
 });
 

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Inject, Injectable, type INestApplicationContext } from '@nestjs/common';
+import { applyDecorators, Inject, Injectable, type INestApplicationContext } from '@nestjs/common';
 import { Cron, Interval, ScheduleModule, Timeout } from '@nestjs/schedule';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Locked, LockService } from '../../lib/index.js';
@@ -36,6 +36,13 @@ class Journal {
 const journal = new Journal();
 const INSTANCE = Symbol('instance');
 
+/**
+ * A project's own decorator for a job that runs on one instance per tick, composed with
+ * applyDecorators, which applies its decorators first to last: the later one is the outer.
+ */
+const OncePerTick = (key: string) => applyDecorators(Cron('* * * * * *'), Locked(key, { onContention: 'skip', minHoldMs: 500 }));
+const ScheduledLocked = (key: string) => applyDecorators(Locked(key, { onContention: 'skip', minHoldMs: 500 }), Cron('* * * * * *'));
+
 @Injectable()
 class CronJobs {
   constructor(@Inject(INSTANCE) readonly instance: string) {}
@@ -52,6 +59,19 @@ class CronJobs {
   @Cron('* * * * * *')
   async above() {
     journal.record('above', this.instance);
+    await sleep(50);
+  }
+
+  // Composed: @Locked the outer (as above @Cron), and the inner (as below it)
+  @OncePerTick('cron:composed-above')
+  async composedAbove() {
+    journal.record('composedAbove', this.instance);
+    await sleep(50);
+  }
+
+  @ScheduledLocked('cron:composed-below')
+  async composedBelow() {
+    journal.record('composedBelow', this.instance);
     await sleep(50);
   }
 }
@@ -71,11 +91,12 @@ describe('@Locked scheduled jobs across two instances', () => {
     await redis?.stop();
   });
 
-  it('runs a @Cron job firing every second exactly once per tick across both instances, in both decorator orders', async () => {
+  it('runs a @Cron job firing every second exactly once per tick across both instances, in both decorator orders, stacked or composed with applyDecorators', async () => {
+    const jobs = ['below', 'above', 'composedAbove', 'composedBelow'];
     apps.push(await startJobs(redis.url, 'A', [CronJobs]), await startJobs(redis.url, 'B', [CronJobs]));
-    await Promise.all([journal.until('below', 6), journal.until('above', 6)]);
+    await Promise.all(jobs.map((job) => journal.until(job, 6)));
     await Promise.all(apps.splice(0).map((a) => a.close()));
-    for (const job of ['below', 'above']) {
+    for (const job of jobs) {
       const seconds = journal.of(job).map((r) => Math.floor(r.at / 1000));
       expect(new Set(seconds).size).toBe(seconds.length); // never twice in one tick
       const first = Math.min(...seconds);
