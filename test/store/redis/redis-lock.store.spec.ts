@@ -28,6 +28,8 @@ describe('RedisLockStore scripts', () => {
   });
 
   const snapshot = async (name: string) => ({ hash: await raw.hgetall(name), ttl: await raw.pttl(name) });
+  /** The options of the fair acquisitions below. */
+  const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
 
   it('stores one hash per lock: owner -> hold count, with the lease as PEXPIRE', async () => {
     const a = await store.acquire({ key: 'model', owner: 'A', leaseMs: 10_000 });
@@ -82,7 +84,6 @@ describe('RedisLockStore scripts', () => {
     [' (fencingTokens: false: fair locks keep their tokens for this)', 'stale-grant:no-tokens', () => noTokens],
   ])("ignores a fair handover's message that is read after a refused attempt saw a later token (a waiter resumed from a pause)%s", async (_, key, storeOf) => {
     const store = storeOf();
-    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
     const holder = await store.acquire({ key, owner: 'H', ...fair });
     if (!holder.granted) throw new Error('the holder was refused');
     const watch = store.watch(key, 'W');
@@ -114,7 +115,6 @@ describe('RedisLockStore scripts', () => {
   it('gives back a fair lock handed to a waiter that then left the queue, but not while this process holds it for that owner', async () => {
     const key = 'handed-leave';
     const name = `lock:{${key}}`;
-    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
     expect((await store.acquire({ key, owner: 'H', ...fair })).granted).toBe(true);
     for (const owner of ['W', 'N']) expect((await store.acquire({ key, owner, ...fair })).granted).toBe(false);
     expect(await store.release(key, 'H')).toBe(0);
@@ -136,7 +136,6 @@ describe('RedisLockStore scripts', () => {
   it('gives a fair lock handed to a place registered without a wait id to the owner\'s next attempt as its grant, not as a re-entry', async () => {
     const key = 'handed-no-wait-id';
     const name = `lock:{${key}}`;
-    const fair = { fair: true, leaseMs: 10_000, queueTimeoutMs: 5_000 };
     expect((await store.acquire({ key, owner: 'H', ...fair })).granted).toBe(true);
     expect((await store.acquire({ key, owner: 'W', ...fair })).granted).toBe(false);
     expect(await store.release(key, 'H')).toBe(0);
