@@ -1,5 +1,5 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { dirname, join } from 'node:path';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
@@ -185,11 +185,14 @@ describe('the demo as the README starts it', () => {
     }
   });
 
-  it('npx nest start: the root nest-cli.json builds and starts one instance', async () => {
-    // Literally `npx nest start`: the Nest CLI runs on the Node of the PATH, not on the Node the
-    // suite runs on (the Nest 11 run's Node 20.19.0, on which the CLI itself fails; see the README).
+  it('npx nest start: the root nest-cli.json builds and starts one instance, on the Node the suite runs on', async () => {
+    // Literally `npx nest start`, with the suite's Node first on the PATH: npx and the CLI start
+    // with `#!/usr/bin/env node`, and the CLI starts the app with `node`, so all three run on it
+    // (the Nest 11 run's is 20.19.0, the engines floor; see the README).
+    const path = `${dirname(process.execPath)}${delimiter}${process.env.PATH ?? ''}`;
+    expect(execFileSync('node', ['-p', 'process.execPath'], { env: { ...process.env, PATH: path }, encoding: 'utf8' }).trim()).toBe(process.execPath);
     // PORT=0: it takes a free port when it listens and prints it.
-    const nest = new Command(['nest', 'start'], { REDIS_URL: redis.url, PORT: '0', INSTANCE: 'N' }, 'npx');
+    const nest = new Command(['nest', 'start'], { REDIS_URL: redis.url, PORT: '0', INSTANCE: 'N', PATH: path }, 'npx');
     try {
       const port = Number((await nest.line(new RegExp(`instance N listening on http://127\\.0\\.0\\.1:(\\d+) \\(locks in ${redis.url}\\)`)))[1]);
       expect(port).not.toBe(0);
