@@ -372,15 +372,20 @@ for (const platform of ['express', 'fastify'] as const) {
     });
 
     it('locks handlers whose route and @Locked a decorator of the project composes with applyDecorators, in either order, and answers 409 for them', async () => {
-      const paths = ['4/composed/lock-outer', '4/composed/route-outer', 'composed/all/lock-outer', 'composed/all/route-outer'];
-      const keys = ['item:4', 'item:4', 'items:all', 'items:all'];
-      for (const [i, path] of paths.entries()) expect(await (await fetch(`${url}/items/${path}`)).json()).toEqual({ key: keys[i] });
+      // Each composed route with the key it locks.
+      const routes = [
+        ['4/composed/lock-outer', 'item:4'],
+        ['4/composed/route-outer', 'item:4'],
+        ['composed/all/lock-outer', 'items:all'],
+        ['composed/all/route-outer', 'items:all'],
+      ] as const;
+      for (const [path, key] of routes) expect(await (await fetch(`${url}/items/${path}`)).json()).toEqual({ key });
       const holders = [await locks.acquire('item:4', { leaseMs: 4_000 }), await locks.acquire('items:all', { leaseMs: 4_000 })];
-      for (const [i, path] of paths.entries()) {
+      for (const [path, key] of routes) {
         const res = await fetch(`${url}/items/${path}`);
         expect(res.status).toBe(409);
         expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
-        expect(await res.json()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key: keys[i] });
+        expect(await res.json()).toMatchObject({ code: 'LOCK_NOT_ACQUIRED', key });
       }
       for (const holder of holders) await holder.release();
     });

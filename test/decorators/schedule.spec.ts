@@ -36,26 +36,29 @@ class Journal {
 const journal = new Journal();
 const INSTANCE = Symbol('instance');
 
+/** The lock options of every job of CronJobs: the four differ only in how @Locked and @Cron are put together. */
+const ONE_RUN_PER_TICK = { onContention: 'skip', minHoldMs: 500 } as const;
+
 /**
  * A project's own decorator for a job that runs on one instance per tick, composed with
  * applyDecorators, which applies its decorators first to last: the later one is the outer.
  */
-const OncePerTick = (key: string) => applyDecorators(Cron('* * * * * *'), Locked(key, { onContention: 'skip', minHoldMs: 500 }));
-const ScheduledLocked = (key: string) => applyDecorators(Locked(key, { onContention: 'skip', minHoldMs: 500 }), Cron('* * * * * *'));
+const OncePerTick = (key: string) => applyDecorators(Cron('* * * * * *'), Locked(key, ONE_RUN_PER_TICK));
+const ScheduledLocked = (key: string) => applyDecorators(Locked(key, ONE_RUN_PER_TICK), Cron('* * * * * *'));
 
 @Injectable()
 class CronJobs {
   constructor(@Inject(INSTANCE) readonly instance: string) {}
   // @Locked below @Cron
   @Cron('* * * * * *')
-  @Locked('cron:below', { onContention: 'skip', minHoldMs: 500 })
+  @Locked('cron:below', ONE_RUN_PER_TICK)
   async below() {
     journal.record('below', this.instance);
     await sleep(50);
   }
 
   // @Locked above @Cron
-  @Locked('cron:above', { onContention: 'skip', minHoldMs: 500 })
+  @Locked('cron:above', ONE_RUN_PER_TICK)
   @Cron('* * * * * *')
   async above() {
     journal.record('above', this.instance);
