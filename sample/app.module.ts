@@ -1,4 +1,4 @@
-import { Module, type DynamicModule } from '@nestjs/common';
+import { Logger, Module, type DynamicModule } from '@nestjs/common';
 import { ScheduleModule } from '@nestjs/schedule';
 import { Redis } from 'ioredis';
 import { LockModule } from '../lib/index.js';
@@ -34,8 +34,25 @@ export class AppModule {
         AccountsService,
         InterestJob,
         { provide: SAMPLE_OPTIONS, useValue: options },
-        { provide: SAMPLE_REDIS, useFactory: () => (options.redisUrl ? new Redis(options.redisUrl) : new MemoryKv()) },
+        { provide: SAMPLE_REDIS, useFactory: () => (options.redisUrl ? dataClient(options.redisUrl) : new MemoryKv()) },
       ],
     };
   }
+}
+
+/**
+ * The demo's own connection for its data. An ioredis client with no 'error' listener prints
+ * "[ioredis] Unhandled error event" with a stack on every failed reconnect while Redis is down;
+ * this one logs each message once, until it is connected again (as LockService does for its own).
+ */
+function dataClient(url: string): Redis {
+  const logger = new Logger('SampleData');
+  const client = new Redis(url);
+  let lastError = '';
+  client.on('error', (e: Error) => {
+    if (e.message !== lastError) logger.warn(`Redis connection: ${e.message}`);
+    lastError = e.message;
+  });
+  client.on('ready', () => (lastError = ''));
+  return client;
 }
