@@ -16,7 +16,7 @@
 // Where apt-get or Debian's archive is not at hand, set REDIS_8 or VALKEY_8 to a directory holding
 // that server's binaries (`redis-server` and `redis-cli`, or `valkey-server` and `valkey-cli`).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -39,8 +39,30 @@ export const OTHER_SERVERS = [
   { name: 'valkey', label: 'Valkey', line: '8.1', tools: 'valkey-tools', server: 'valkey-server', cli: 'valkey-cli', variable: 'VALKEY_8' },
 ];
 
+/**
+ * A Redis older than nestjs-locked supports, for the test that its bootstrap refuses one on a real
+ * server (test/core/module.spec.ts): Redis 6.0 as Debian 11 (bullseye) ships it (6.0.16), with the
+ * bullseye libraries it links against that Debian 12 no longer has (OpenSSL 1.1, Debian's system
+ * Lua 5.1 and its modules), run by the machine's own loader: a program built against an older C
+ * library runs on a newer one. REDIS_6_0 names a directory of its binaries instead.
+ *   node scripts/redis-servers.mjs redis6                  → { name, version, bin }
+ */
+export const OLDER_REDIS = {
+  name: 'redis6',
+  label: 'Redis',
+  line: '6.0',
+  tools: 'redis-tools',
+  server: 'redis-server',
+  cli: 'redis-cli',
+  variable: 'REDIS_6_0',
+  suite: 'bullseye',
+  libraries: ['liblua5.1-0', 'lua-bitop', 'lua-cjson', 'libssl1.1', 'libjemalloc2', 'liblzf1'],
+};
+
 /** What the servers' binaries link against, from trixie (the loader comes with libc6). */
 const LIBRARIES = ['libc6', 'libstdc++6', 'libgcc-s1', 'libssl3t64', 'libjemalloc2', 'liblzf1', 'libatomic1', 'libsystemd0', 'libcap2'];
+
+const ALL_SERVERS = [...OTHER_SERVERS, OLDER_REDIS];
 
 /** `server`'s wrappers' directory: from the directory its variable names, else fetched from Debian. */
 export function otherServer(server) {
@@ -48,6 +70,12 @@ export function otherServer(server) {
   const bin = join(dir, `${server.name}-bin`);
   if (given) {
     wrappers(bin, server, (binary) => [join(given, binary)]);
+  } else if (server.suite) {
+    // An older Debian's build: the machine's own loader, the older libraries found first.
+    const { triplet } = machine();
+    const unpacked = fetched(server);
+    const libs = join(dir, `${server.suite}-libs`, 'usr', 'lib', triplet);
+    wrappers(bin, server, (binary) => ['env', `LD_LIBRARY_PATH=${libs}`, join(unpacked, 'usr', 'bin', binary)]);
   } else {
     const { triplet, loader } = machine();
     const unpacked = fetched(server);
@@ -65,9 +93,12 @@ function wrappers(bin, server, command) {
     ['redis-server', server.server],
     ['redis-cli', server.cli],
   ]) {
+    // Written aside and moved over the old one: another process may be running it meanwhile.
     const file = join(bin, as);
-    writeFileSync(file, `#!/bin/sh\nexec ${command(binary).map(quote).join(' ')} "$@"\n`);
-    chmodSync(file, 0o755);
+    const written = `${file}.${process.pid}`;
+    writeFileSync(written, `#!/bin/sh\nexec ${command(binary).map(quote).join(' ')} "$@"\n`);
+    chmodSync(written, 0o755);
+    renameSync(written, file);
   }
 }
 
@@ -96,40 +127,67 @@ function checked(server, bin) {
   return version;
 }
 
-/** `server`'s tools package and trixie's libraries, unpacked under .tmp/servers/ once. */
+/**
+ * `server`'s tools package and its Debian release's libraries, unpacked under .tmp/servers/ once.
+ * Each fetch works in a directory of its own and moves what it unpacked into place at the end, so
+ * two processes fetching at once (two Jest workers whose tests both need the server) do not write
+ * over each other: the first to finish wins, the other's copy is dropped.
+ */
 function fetched(server) {
+  const suite = server.suite ?? SUITE;
   const unpacked = join(dir, server.name);
-  const libs = join(dir, 'trixie-libs');
-  if (existsSync(join(unpacked, 'usr', 'bin', server.server)) && existsSync(join(libs, '.complete'))) return unpacked;
+  const libs = join(dir, `${suite}-libs`);
+  const hasServer = (at) => existsSync(join(at, 'usr', 'bin', server.server));
+  const complete = (at) => existsSync(join(at, '.complete'));
+  if (hasServer(unpacked) && complete(libs)) return unpacked;
+  mkdirSync(dir, { recursive: true });
+  const work = mkdtempSync(join(dir, '.fetch-'));
   try {
-    const apt = aptOptions();
+    const apt = aptOptions(suite, join(work, 'apt'));
     execFileSync('apt-get', [...apt, 'update'], { stdio: ['ignore', 'pipe', 'pipe'] });
-    if (!existsSync(join(libs, '.complete'))) {
-      unpack(apt, LIBRARIES, libs);
-      writeFileSync(join(libs, '.complete'), '');
+    if (!complete(libs)) {
+      unpack(apt, suite, server.libraries ?? LIBRARIES, join(work, 'libs'), join(work, 'downloads'));
+      writeFileSync(join(work, 'libs', '.complete'), '');
+      place(join(work, 'libs'), libs, complete);
     }
-    unpack(apt, [server.tools], unpacked);
+    if (!hasServer(unpacked)) {
+      const tools = join(work, 'tools');
+      unpack(apt, suite, [server.tools], tools, join(work, 'downloads'));
+      // The -server package's binary is a link to the check tool, which acts on the name it runs under.
+      symlinkSync(server.server.replace(/-server$/, '-check-rdb'), join(tools, 'usr', 'bin', server.server));
+      place(tools, unpacked, hasServer);
+    }
   } catch (error) {
     throw new Error(
-      `could not fetch ${server.label} ${server.line} from Debian's archive (${ARCHIVE}, ${SUITE}) with apt-get: ${error.stderr || error.message}\n` +
+      `could not fetch ${server.label} ${server.line} from Debian's archive (${ARCHIVE}, ${suite}) with apt-get: ${error.stderr || error.message}\n` +
         `Install ${server.label} ${server.line} another way and set ${server.variable} to the directory holding ${server.server} and ${server.cli}.`,
     );
+  } finally {
+    rmSync(work, { recursive: true, force: true });
   }
-  // The -server package's binary is a link to the check tool, which acts on the name it runs under.
-  const binaries = join(unpacked, 'usr', 'bin');
-  if (!existsSync(join(binaries, server.server))) symlinkSync(`${server.name}-check-rdb`, join(binaries, server.server));
   return unpacked;
 }
 
+/** Moves the directory `from` to `to`, unless another fetch got there first with one that `ready` accepts (a half-done one is replaced). */
+function place(from, to, ready) {
+  if (ready(to)) return;
+  rmSync(to, { recursive: true, force: true });
+  try {
+    renameSync(from, to);
+  } catch (error) {
+    // Another fetch moved its copy there between the two steps above.
+    if (!ready(to)) throw error;
+  }
+}
+
 /**
- * apt-get options for package lists and a cache of their own under .tmp/servers/apt: the machine's
- * package sources are not read, and nothing of its apt state is written.
+ * apt-get options for package lists and a cache in `apt` (a fetch's own): the machine's package
+ * sources are not read, and nothing of its apt state is written.
  */
-function aptOptions() {
-  const apt = join(dir, 'apt');
+function aptOptions(suite, apt) {
   mkdirSync(join(apt, 'lists', 'partial'), { recursive: true });
   mkdirSync(join(apt, 'cache', 'archives', 'partial'), { recursive: true });
-  writeFileSync(join(apt, 'sources.list'), `deb [signed-by=${KEYRING}] ${ARCHIVE} ${SUITE} main\n`);
+  writeFileSync(join(apt, 'sources.list'), `deb [signed-by=${KEYRING}] ${ARCHIVE} ${suite} main\n`);
   return [
     '-qq',
     '-o',
@@ -145,12 +203,11 @@ function aptOptions() {
   ];
 }
 
-/** Downloads `packages` (trixie's versions) and unpacks each into `into`. */
-function unpack(apt, packages, into) {
-  const downloads = join(dir, 'downloads');
+/** Downloads `packages` (`suite`'s versions) into `downloads` and unpacks each into `into`. */
+function unpack(apt, suite, packages, into, downloads) {
   rmSync(downloads, { recursive: true, force: true });
   mkdirSync(downloads, { recursive: true });
-  execFileSync('apt-get', [...apt, 'download', ...packages.map((p) => `${p}/${SUITE}`)], { cwd: downloads, stdio: ['ignore', 'pipe', 'pipe'] });
+  execFileSync('apt-get', [...apt, 'download', ...packages.map((p) => `${p}/${suite}`)], { cwd: downloads, stdio: ['ignore', 'pipe', 'pipe'] });
   mkdirSync(into, { recursive: true });
   for (const deb of readdirSync(downloads)) execFileSync('dpkg-deb', ['-x', join(downloads, deb), into]);
   rmSync(downloads, { recursive: true, force: true });
@@ -169,15 +226,15 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const dash = args.indexOf('--');
   const names = dash < 0 ? args : args.slice(0, dash);
   const command = dash < 0 ? [] : args.slice(dash + 1);
-  const unknown = names.filter((name) => !OTHER_SERVERS.some((s) => s.name === name));
+  const unknown = names.filter((name) => !ALL_SERVERS.some((s) => s.name === name));
   if (unknown.length > 0 || (command.length > 0 && names.length !== 1)) {
     console.error(
-      'usage: node scripts/redis-servers.mjs [redis|valkey]          (fetch, print where)\n' +
-        '       node scripts/redis-servers.mjs redis|valkey -- command  (run command on that server)',
+      'usage: node scripts/redis-servers.mjs [redis|valkey|redis6]          (fetch, print where)\n' +
+        '       node scripts/redis-servers.mjs redis|valkey|redis6 -- command  (run command on that server)',
     );
     process.exit(2);
   }
-  const wanted = OTHER_SERVERS.filter((s) => names.length === 0 || names.includes(s.name));
+  const wanted = names.length === 0 ? OTHER_SERVERS : ALL_SERVERS.filter((s) => names.includes(s.name));
   if (command.length === 0) {
     for (const server of wanted) console.log(JSON.stringify(otherServer(server)));
   } else {

@@ -17,7 +17,7 @@ import {
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
 import { bootstrapFailure, CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
-import { freePort, olderRedisProxy, RedisServer, scriptCalls, silentPort, until } from '../support/redis-server.js';
+import { freePort, olderRedis, olderRedisProxy, RedisServer, scriptCalls, serverIdentity, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
 describe('LockModule', () => {
@@ -597,14 +597,41 @@ describe('LockModule on a Redis older than 6.2', () => {
     await redis?.stop();
   });
 
-  it.each(['6.0.16', '6.1.16'])('fails bootstrap on Redis %s with a LockConfigurationError that names the version and the one needed', async (claimed) => {
-    const proxy = await olderRedisProxy(redis, claimed);
+  it('fails bootstrap on Redis 6.1.16 (a proxy that claims it) with a LockConfigurationError that names the version and the one needed', async () => {
+    const proxy = await olderRedisProxy(redis, '6.1.16');
     try {
       const failure = await bootstrapFailure(() => startLockApp({ redis: `redis://127.0.0.1:${proxy.port}` }));
       expect(failure).toBeInstanceOf(LockConfigurationError);
       expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${proxy.port} runs Redis ${proxy.version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
     } finally {
       await proxy.close();
+    }
+  });
+
+  it("fails bootstrap on a real Redis 6.0 (Debian 11's 6.0.16), where SET ... GET is a syntax error; unchecked, the first acquisition fails", async () => {
+    // A real server where Debian has one. The 6.1 and 6.2 tests only claim their version through
+    // a proxy: no Debian release ships either.
+    const { server: old, version } = await olderRedis();
+    try {
+      expect(await serverIdentity(old.shared())).toBe(`Redis ${version}`);
+      expect(version).toMatch(/^6\.0\./);
+      await expect(old.shared().call('SET', 'k', 'v', 'GET')).rejects.toThrow('ERR syntax error');
+      const failure = await bootstrapFailure(() => startLockApp({ redis: old.url }));
+      expect(failure).toBeInstanceOf(LockConfigurationError);
+      expect((failure as Error).message).toMatch(new RegExp(`^redis 127\\.0\\.0\\.1:${old.port} runs Redis ${version.replace(/\./g, '\\.')}; nestjs-locked needs Redis 6\\.2 or later`));
+      expect(await old.shared().dbsize()).toBe(0);
+      // Without the check (connectTimeoutMs: 0 starts without it), the first acquisition fails.
+      const unchecked = await startLockApp({ redis: old.url, connectTimeoutMs: 0 });
+      try {
+        const error = await unchecked.locks.acquire('on-6.0').then(() => undefined, (e: unknown) => e);
+        expect(error).toBeInstanceOf(LockBackendError);
+        expect((error as Error).message).toMatch(/^Redis failed during acquire of "on-6\.0": ERR Error running script .*ERR syntax error/);
+        expect(await old.shared().dbsize()).toBe(0);
+      } finally {
+        await unchecked.close();
+      }
+    } finally {
+      await old.stop();
     }
   });
 

@@ -22,7 +22,7 @@ import {
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { CapturingLogger, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
-import { olderRedisProxy, RedisServer, silentPort } from '../support/redis-server.js';
+import { olderRedis, RedisServer, silentPort } from '../support/redis-server.js';
 
 /**
  * Every public entry point fed bad input. Each case must end in a typed error with a message that
@@ -312,7 +312,7 @@ const cases: Case[] = [
   { entry: 'LockModule.forRoot', input: 'Redis Cluster unreachable, startup nodes given as URLs with a password', outcome: LockBackendError, says: /no answer from redis cluster redis:\/\/:\*\*\*@127.0.0.1:\d+ within/, hides: 's3cret', run: () => silently(1, ([port]) => boot({ redis: { cluster: [`redis://:s3cret@127.0.0.1:${port}`] }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'redlock: every node unreachable at bootstrap', outcome: LockBackendError, says: /needs 2 of 3 nodes; 0 answered/, run: () => silently(3, (ports) => boot({ redlock: { clients: ports.map((port) => `redis://127.0.0.1:${port}`) }, connectTimeoutMs: 300 })) },
   { entry: 'LockModule.forRoot', input: 'Redis unreachable at bootstrap', outcome: LockBackendError, says: /no answer from redis .* connectTimeoutMs: 0/, run: () => silently(1, ([port]) => boot({ redis: `redis://127.0.0.1:${port}`, connectTimeoutMs: 200 })) },
-  { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async ({ redis }) => { const old = await olderRedisProxy(redis); try { return await boot({ redis: `redis://127.0.0.1:${old.port}` }); } finally { await old.close(); } } },
+  { entry: 'LockModule.forRoot', input: 'Redis older than 6.2', outcome: LockConfigurationError, says: /runs Redis 6\.0.* needs Redis 6\.2 or later/, run: async () => { const { server: old } = await olderRedis(); try { return await boot({ redis: old.url }); } finally { await old.stop(); } } },
   { entry: 'LockModule.forRoot', input: 'redis: a read-only replica', outcome: LockConfigurationError, says: /redis 127.0.0.1:\d+ is a replica of 127.0.0.1:\d+: every lock step writes, which a read-only replica refuses \(READONLY\).* Point redis at the master/, run: ({ redis }) => replicaBoot(redis) },
   { entry: 'LockModule.forRoot', input: 'redis: a writable replica (replica-read-only no)', outcome: LockConfigurationError, says: /is a replica of 127.0.0.1:\d+: .*a writable one keeps to itself, unseen by its master/, run: ({ redis }) => replicaBoot(redis, ['--replica-read-only', 'no']) },
   { entry: 'LockModule.forRoot', input: 'redis: a user whose ACL keys are not the lock names (~other:*)', outcome: LockConfigurationError, says: /redis 127.0.0.1:\d+: this connection's Redis user may not run any command on the lock names \(lock:\*\), which the lock scripts call, so every acquisition would fail. Allow them, for example ACL SETUSER <user> ~lock:\* \+@read \+@write \+time/, run: ({ redis }) => aclBoot(redis, 'otherkeys', ['~other:*', '&*', '+@all']) },

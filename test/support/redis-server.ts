@@ -1,8 +1,9 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 
 /**
@@ -17,15 +18,17 @@ export class RedisServer {
   private constructor(
     readonly port: number,
     private readonly extraArgs: string[],
+    private readonly binary: string,
   ) {}
 
   /**
    * Starts a server on a free port and resolves once it accepts connections. `extraArgs` may be a
    * function, called again on each attempt, for arguments that name more ports of their own.
+   * `binary` is the server to run: the `redis-server` on the PATH unless told.
    */
-  static start(extraArgs: string[] | (() => Promise<string[]>) = []): Promise<RedisServer> {
+  static start(extraArgs: string[] | (() => Promise<string[]>) = [], binary = 'redis-server'): Promise<RedisServer> {
     return onFreePort(async (port) => {
-      const server = new RedisServer(port, typeof extraArgs === 'function' ? await extraArgs() : extraArgs);
+      const server = new RedisServer(port, typeof extraArgs === 'function' ? await extraArgs() : extraArgs, binary);
       await server.launch();
       return server;
     });
@@ -65,6 +68,7 @@ export class RedisServer {
       ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, '--daemonize', 'no', ...this.extraArgs],
       'Ready to accept connections',
       `redis-server on port ${this.port}`,
+      this.binary,
     );
     this.child = child.process;
     child.process.once('exit', () => {
@@ -125,8 +129,8 @@ for (const signal of ['SIGTERM', 'SIGINT'] as const) {
  * process if its test file dies before its cleanup. `ready` resolves once its log shows `marker`,
  * and rejects if it exits first.
  */
-export function spawnUntilReady(args: string[], marker: string, what: string): { process: ChildProcess; ready: Promise<void> } {
-  const child = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+export function spawnUntilReady(args: string[], marker: string, what: string, binary = 'redis-server'): { process: ChildProcess; ready: Promise<void> } {
+  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   running.add(child);
   child.once('exit', () => running.delete(child));
   const ready = new Promise<void>((resolve, reject) => {
@@ -457,11 +461,22 @@ export async function tcpProxy(
 }
 
 /**
- * A proxy to `server` whose INFO reports an older Redis (`claimed`, 6.0.x unless told) instead of
- * the real version (only Redis 7 is installed here): the version string is rewritten at the same
+ * A real Redis older than nestjs-locked supports, started like any other: Redis 6.0 as Debian 11
+ * ships it, fetched from Debian's archive on first use (`node scripts/redis-servers.mjs redis6`;
+ * REDIS_6_0 names a directory of its binaries instead). Resolves with its version.
+ */
+export async function olderRedis(): Promise<{ server: RedisServer; version: string }> {
+  const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'redis-servers.mjs');
+  const { bin, version } = JSON.parse(execFileSync(process.execPath, [script, 'redis6'], { encoding: 'utf8' })) as { bin: string; version: string };
+  return { server: await RedisServer.start([], join(bin, 'redis-server')), version };
+}
+
+/**
+ * A proxy to `server` whose INFO reports another Redis version (`claimed`) instead of the real one,
+ * for the versions no Debian release ships (6.1, 6.2): the version string is rewritten at the same
  * length, so the reply stays well formed. INFO's reply comes in one piece on loopback.
  */
-export async function olderRedisProxy(server: RedisServer, claimed = '6.0.16'): Promise<{ port: number; version: string; close(): Promise<void> }> {
+export async function olderRedisProxy(server: RedisServer, claimed: string): Promise<{ port: number; version: string; close(): Promise<void> }> {
   const actual = /redis_version:(\S+)/.exec(String(await server.client().info('server')))![1]!;
   const version = claimed.padEnd(actual.length, '0').slice(0, actual.length);
   const from = Buffer.from(`redis_version:${actual}\r\n`);
