@@ -1,9 +1,10 @@
-import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
 
 /**
@@ -467,7 +468,9 @@ export async function tcpProxy(
  */
 export async function olderRedis(): Promise<{ server: RedisServer; version: string }> {
   const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'redis-servers.mjs');
-  const { bin, version } = JSON.parse(execFileSync(process.execPath, [script, 'redis6'], { encoding: 'utf8' })) as { bin: string; version: string };
+  // Not execFileSync: the event loop goes on meanwhile (a test's locks keep renewing).
+  const { stdout } = await promisify(execFile)(process.execPath, [script, 'redis6'], { encoding: 'utf8' });
+  const { bin, version } = JSON.parse(stdout) as { bin: string; version: string };
   return { server: await RedisServer.start([], join(bin, 'redis-server')), version };
 }
 
