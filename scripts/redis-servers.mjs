@@ -15,6 +15,10 @@
 //
 // Where apt-get or Debian's archive is not at hand, set REDIS_8 or VALKEY_8 to a directory holding
 // that server's binaries (`redis-server` and `redis-cli`, or `valkey-server` and `valkey-cli`).
+//
+// Two more kinds, fetched the same way: Redis 6.0 from Debian 11 (OLDER_REDIS, for the tests that
+// an older Redis is refused) and the newest Redis and Valkey Debian has (NEWEST_SERVERS, for a run
+// by hand, not in npm test or CI: `node scripts/redis-servers.mjs redis-newest -- npm run test:jest`).
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { delimiter, dirname, join } from 'node:path';
@@ -57,12 +61,24 @@ export const OLDER_REDIS = {
   variable: 'REDIS_6_0',
   suite: 'bullseye',
   libraries: ['liblua5.1-0', 'lua-bitop', 'lua-cjson', 'libssl1.1', 'libjemalloc2', 'liblzf1'],
+  loader: 'machine',
 };
+
+/**
+ * The newest Redis and Valkey in Debian's archive, whatever their version (no `line`): Redis from
+ * experimental, Valkey from unstable (sid), each with sid's libraries and loader. For a run by hand
+ * on the newest servers; not in npm test or CI, as these suites change under a run from one week to
+ * the next. Fetched once: remove .tmp/servers/<name> to fetch again.
+ */
+export const NEWEST_SERVERS = [
+  { name: 'redis-newest', label: 'Redis', tools: 'redis-tools', server: 'redis-server', cli: 'redis-cli', variable: 'REDIS_NEWEST', suite: 'experimental', libsSuite: 'sid', sources: ['sid', 'experimental'] },
+  { name: 'valkey-newest', label: 'Valkey', tools: 'valkey-tools', server: 'valkey-server', cli: 'valkey-cli', variable: 'VALKEY_NEWEST', suite: 'sid', libsSuite: 'sid', sources: ['sid'] },
+];
 
 /** What the servers' binaries link against, from trixie (the loader comes with libc6). */
 const LIBRARIES = ['libc6', 'libstdc++6', 'libgcc-s1', 'libssl3t64', 'libjemalloc2', 'liblzf1', 'libatomic1', 'libsystemd0', 'libcap2'];
 
-const ALL_SERVERS = [...OTHER_SERVERS, OLDER_REDIS];
+const ALL_SERVERS = [...OTHER_SERVERS, OLDER_REDIS, ...NEWEST_SERVERS];
 
 /** `server`'s wrappers' directory: from the directory its variable names, else fetched from Debian. */
 export function otherServer(server) {
@@ -70,18 +86,18 @@ export function otherServer(server) {
   const bin = join(dir, `${server.name}-bin`);
   if (given) {
     wrappers(bin, server, (binary) => [join(given, binary)]);
-  } else if (server.suite) {
-    // An older Debian's build: the machine's own loader, the older libraries found first.
-    const { triplet } = machine();
-    const unpacked = fetched(server);
-    const libs = join(dir, `${server.suite}-libs`, 'usr', 'lib', triplet);
-    wrappers(bin, server, (binary) => ['env', `LD_LIBRARY_PATH=${libs}`, join(unpacked, 'usr', 'bin', binary)]);
   } else {
     const { triplet, loader } = machine();
     const unpacked = fetched(server);
-    const libs = join(dir, 'trixie-libs', 'usr', 'lib', triplet);
-    // --argv0: each binary decides what to be by the name it was started under.
-    wrappers(bin, server, (binary) => [join(libs, loader), '--library-path', libs, '--argv0', binary, join(unpacked, 'usr', 'bin', binary)]);
+    const libs = join(dir, `${libsSuite(server)}-libs`, 'usr', 'lib', triplet);
+    if (server.loader === 'machine') {
+      // An older Debian's build: the machine's own loader, the older libraries found first.
+      wrappers(bin, server, (binary) => ['env', `LD_LIBRARY_PATH=${libs}`, join(unpacked, 'usr', 'bin', binary)]);
+    } else {
+      // A newer Debian's build: its own loader and C library. --argv0: each binary decides what
+      // to be by the name it was started under.
+      wrappers(bin, server, (binary) => [join(libs, loader), '--library-path', libs, '--argv0', binary, join(unpacked, 'usr', 'bin', binary)]);
+    }
   }
   return { name: server.name, version: checked(server, bin), bin };
 }
@@ -115,11 +131,11 @@ function machine() {
   return found;
 }
 
-/** The version `bin/redis-server --version` reports, which must be of the server's line. */
+/** The version `bin/redis-server --version` reports, which must be of the server's line (when it names one). */
 function checked(server, bin) {
   const reported = execFileSync(join(bin, 'redis-server'), ['--version'], { encoding: 'utf8' }).trim();
   const version = new RegExp(`^${server.label} server v=(\\d+\\.\\d+\\.\\d+)`).exec(reported)?.[1];
-  if (!version || !version.startsWith(`${server.line}.`)) {
+  if (!version || (server.line && !version.startsWith(`${server.line}.`))) {
     throw new Error(`${bin}/redis-server reports "${reported}"; this run is for ${server.label} ${server.line}.x (scripts/redis-servers.mjs)`);
   }
   const cli = execFileSync(join(bin, 'redis-cli'), ['--version'], { encoding: 'utf8' }).trim();
@@ -136,17 +152,17 @@ function checked(server, bin) {
 function fetched(server) {
   const suite = server.suite ?? SUITE;
   const unpacked = join(dir, server.name);
-  const libs = join(dir, `${suite}-libs`);
+  const libs = join(dir, `${libsSuite(server)}-libs`);
   const hasServer = (at) => existsSync(join(at, 'usr', 'bin', server.server));
   const complete = (at) => existsSync(join(at, '.complete'));
   if (hasServer(unpacked) && complete(libs)) return unpacked;
   mkdirSync(dir, { recursive: true });
   const work = mkdtempSync(join(dir, '.fetch-'));
   try {
-    const apt = aptOptions(suite, join(work, 'apt'));
+    const apt = aptOptions(server.sources ?? [suite], join(work, 'apt'));
     execFileSync('apt-get', [...apt, 'update'], { stdio: ['ignore', 'pipe', 'pipe'] });
     if (!complete(libs)) {
-      unpack(apt, suite, server.libraries ?? LIBRARIES, join(work, 'libs'), join(work, 'downloads'));
+      unpack(apt, libsSuite(server), server.libraries ?? LIBRARIES, join(work, 'libs'), join(work, 'downloads'));
       writeFileSync(join(work, 'libs', '.complete'), '');
       place(join(work, 'libs'), libs, complete);
     }
@@ -159,14 +175,20 @@ function fetched(server) {
     }
   } catch (error) {
     throw new Error(
-      `could not fetch ${server.label} ${server.line} from Debian's archive (${ARCHIVE}, ${suite}) with apt-get: ${error.stderr || error.message}\n` +
-        `Install ${server.label} ${server.line} another way and set ${server.variable} to the directory holding ${server.server} and ${server.cli}.`,
+      `could not fetch ${named(server)} from Debian's archive (${ARCHIVE}, ${suite}) with apt-get: ${error.stderr || error.message}\n` +
+        `Install ${named(server)} another way and set ${server.variable} to the directory holding ${server.server} and ${server.cli}.`,
     );
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
   return unpacked;
 }
+
+/** `server` as messages name it: "Redis 8.0", or "the newest Valkey". */
+const named = (server) => (server.line ? `${server.label} ${server.line}` : `the newest ${server.label}`);
+
+/** The Debian release `server`'s libraries come from. */
+const libsSuite = (server) => server.libsSuite ?? server.suite ?? SUITE;
 
 /** Moves the directory `from` to `to`, unless another fetch got there first with one that `ready` accepts (a half-done one is replaced). */
 function place(from, to, ready) {
@@ -184,10 +206,10 @@ function place(from, to, ready) {
  * apt-get options for package lists and a cache in `apt` (a fetch's own): the machine's package
  * sources are not read, and nothing of its apt state is written.
  */
-function aptOptions(suite, apt) {
+function aptOptions(suites, apt) {
   mkdirSync(join(apt, 'lists', 'partial'), { recursive: true });
   mkdirSync(join(apt, 'cache', 'archives', 'partial'), { recursive: true });
-  writeFileSync(join(apt, 'sources.list'), `deb [signed-by=${KEYRING}] ${ARCHIVE} ${suite} main\n`);
+  writeFileSync(join(apt, 'sources.list'), suites.map((suite) => `deb [signed-by=${KEYRING}] ${ARCHIVE} ${suite} main\n`).join(''));
   return [
     '-qq',
     '-o',
@@ -229,8 +251,8 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const unknown = names.filter((name) => !ALL_SERVERS.some((s) => s.name === name));
   if (unknown.length > 0 || (command.length > 0 && names.length !== 1)) {
     console.error(
-      'usage: node scripts/redis-servers.mjs [redis|valkey|redis6]          (fetch, print where)\n' +
-        '       node scripts/redis-servers.mjs redis|valkey|redis6 -- command  (run command on that server)',
+      `usage: node scripts/redis-servers.mjs [${ALL_SERVERS.map((s) => s.name).join('|')}]          (fetch, print where)\n` +
+        `       node scripts/redis-servers.mjs ${ALL_SERVERS.map((s) => s.name).join('|')} -- command  (run command on that server)`,
     );
     process.exit(2);
   }
