@@ -397,6 +397,32 @@ describe('owners and reentrancy', () => {
     }
   });
 
+  // What Redis cannot tell apart: under an owner token, the hold another process took afresh after
+  // this one's lease ran out is, to Redis, this process's old hold.
+  it('a process stalled past its lease under an owner token reports the loss, and its give-back frees the lock another process took afresh under the token (which learns at its next renewal)', async () => {
+    const key = 'token:stalled-past-lease';
+    const taker = new Fixture('token-joiner', [redis.url, key, 'transfer-9', '', 'gone']);
+    try {
+      await taker.next('ready');
+      const lock = await app.locks.acquire(key, { owner: 'transfer-9', leaseMs: 300, watchdog: true });
+      const lost = nextEvent(app.locks.events$, 'lost', (e) => e.key === key);
+      taker.send({ type: 'watch' });
+      await taker.next('watching');
+      // No renewal can run: the lease runs out in Redis, and the other process takes the lock afresh.
+      stall(1_500);
+      expect((await taker.next('joined')).holdCount).toBe(1);
+      expect(((await lost) as { reason: string }).reason).toBe('lease-expired');
+      expect(lock.isHeld).toBe(false);
+      // The give-back this process sends for the hold it may still have had took the other's.
+      await until(async () => (await raw.exists(`lock:{${key}}`)) === 0, 5_000, 'the lock freed under the other process');
+      expect((await taker.next('lost')).reason).toBe('taken');
+      taker.send({ type: 'release' });
+      await taker.next('done');
+    } finally {
+      await taker.stop();
+    }
+  });
+
   it('gives current() the innermost lock of the context', async () => {
     expect(app.locks.current()).toBeUndefined();
     await app.locks.run('outer:c', async (outer) => {
