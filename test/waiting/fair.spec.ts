@@ -44,6 +44,55 @@ describe('fair mode', () => {
     }
   });
 
+  // One place per owner, not per wait (README, "Waiting and fairness"): the place names the latest
+  // wait of the owner to ask, and a wait that leaves takes the place of the others with it.
+  it('gives the waits of one owner token one place: when the later one gives up, the earlier one is served after a waiter that came after it', async () => {
+    const key = 'fair:token-place';
+    const queue = `lock:{${key}}:queue`;
+    const holder = await app.locks.acquire(key, { fair: true });
+    const served: string[] = [];
+    const wait = (owner: string, waitMs: number) =>
+      app.locks.acquire(key, { owner, fair: true, waitMs }).then(async (lock) => {
+        served.push(owner);
+        await lock.release();
+      });
+    const first = wait('token-q', 30_000);
+    await waitRegistered(raw, key, 'token-q');
+    const other = wait('other-q', 30_000);
+    await waitRegistered(raw, key, 'other-q');
+    expect(await raw.lrange(queue, 0, -1)).toEqual(['token-q', 'other-q']);
+    // A second wait under the token asks too (the place now names it), gives up, and leaves.
+    await expect(wait('token-q', 100)).rejects.toBeInstanceOf(LockNotAcquiredError);
+    expect((await raw.lrange(queue, 0, -1))[0]).toBe('other-q');
+    await holder.release();
+    await Promise.all([first, other]);
+    expect(served).toEqual(['other-q', 'token-q']);
+  });
+
+  it('gives the waits of one owner token one place, which names the latest to ask: the release hands the lock to that wait, and the earlier one re-enters it', async () => {
+    const key = 'fair:token-latest';
+    const leases = `lock:{${key}}:queue:leases`;
+    const holder = await app.locks.acquire(key, { fair: true });
+    const holdCounts: Record<string, number> = {};
+    const wait = (label: string) =>
+      app.locks.acquire(key, { owner: 'token-l', fair: true, waitMs: 30_000 }).then((lock) => {
+        holdCounts[label] = lock.holdCount;
+        return lock;
+      });
+    const first = wait('first');
+    await waitRegistered(raw, key, 'token-l');
+    const firstPlace = await raw.hget(leases, 'token-l');
+    const second = wait('second');
+    await until(async () => (await raw.hget(leases, 'token-l')) !== firstPlace, 5_000, 'the second wait named in the place');
+    expect(await raw.lrange(`lock:{${key}}:queue`, 0, -1)).toEqual(['token-l']);
+    await holder.release();
+    const locks = await Promise.all([first, second]);
+    // A place per wait would hand it to the first (hold count 1), which the second would re-enter.
+    expect(holdCounts).toEqual({ first: 2, second: 1 });
+    for (const lock of locks.reverse()) await lock.release();
+    expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+  });
+
   it('grants in request order across 2 processes', async () => {
     const key = 'fair:order';
     const children = [0, 1].map(() => new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]));
