@@ -71,8 +71,8 @@ export const OLDER_REDIS = {
  * the next. Fetched once: remove .tmp/servers/<name> to fetch again.
  */
 export const NEWEST_SERVERS = [
-  { name: 'redis-newest', label: 'Redis', tools: 'redis-tools', server: 'redis-server', cli: 'redis-cli', variable: 'REDIS_NEWEST', suite: 'experimental', libsSuite: 'sid', sources: ['sid', 'experimental'] },
-  { name: 'valkey-newest', label: 'Valkey', tools: 'valkey-tools', server: 'valkey-server', cli: 'valkey-cli', variable: 'VALKEY_NEWEST', suite: 'sid', libsSuite: 'sid', sources: ['sid'] },
+  { name: 'redis-newest', label: 'Redis', tools: 'redis-tools', server: 'redis-server', cli: 'redis-cli', variable: 'REDIS_NEWEST', suite: 'experimental', libsSuite: 'sid' },
+  { name: 'valkey-newest', label: 'Valkey', tools: 'valkey-tools', server: 'valkey-server', cli: 'valkey-cli', variable: 'VALKEY_NEWEST', suite: 'sid' },
 ];
 
 /** What the servers' binaries link against, from trixie (the loader comes with libc6). */
@@ -159,7 +159,8 @@ function fetched(server) {
   mkdirSync(dir, { recursive: true });
   const work = mkdtempSync(join(dir, '.fetch-'));
   try {
-    const apt = aptOptions(server.sources ?? [suite], join(work, 'apt'));
+    // Package lists of the releases its packages come from (the libraries' and the tools').
+    const apt = aptOptions([...new Set([libsSuite(server), suite])], join(work, 'apt'));
     execFileSync('apt-get', [...apt, 'update'], { stdio: ['ignore', 'pipe', 'pipe'] });
     if (!complete(libs)) {
       unpack(apt, libsSuite(server), server.libraries ?? LIBRARIES, join(work, 'libs'), join(work, 'downloads'));
