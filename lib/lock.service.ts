@@ -3,7 +3,6 @@ import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { Inject, Injectable, Logger, Optional, type OnApplicationBootstrap, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
-import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { Subject, type Observable } from 'rxjs';
 import { LockBackendError } from './errors/lock-backend.error.js';
 import { LockConfigurationError } from './errors/lock-configuration.error.js';
@@ -25,7 +24,6 @@ import {
   describe,
   duration,
   exclusiveGroup,
-  isRedisClient,
   MIN_LEASE_MS,
   resolveHoldCountOptions,
   resolveLockOptions,
@@ -38,19 +36,13 @@ import {
 } from './lock-options.js';
 import { Watchdog } from './renewal/watchdog.js';
 import type { LockedSpec } from './decorators/lock-pipeline.js';
-import type { ContentionPolicy, RedisClusterConnection, RedisConnection } from './lock-options.js';
+import type { ContentionPolicy } from './lock-options.js';
 import type { AcquireResult, Handover, HoldsHere, LockMode, LockStore, ReleaseWatch, TakeAlong } from './store/lock-store.js';
-import { MemoryLockStore } from './store/memory/memory-lock.store.js';
-import { RedisLockStore, type RedisClient } from './store/redis/redis-lock.store.js';
-import { RedlockStore } from './store/redlock/redlock.store.js';
+import { createStore } from './store/create-store.js';
 
 /** What to do about `LockModule.forRoot()` imported more than once (the bootstrap warning and the refusal of refuseOwnLock). */
 const IMPORT_ONCE = 'Import LockModule.forRoot() once, with isGlobal: true (or in one module that exports LockModule), so that every module injects the same LockService.';
 
-/** See createStore(). */
-const OWNED_DISCONNECT_TIMEOUT_MS = 100;
-/** The ioredis options of a connection nestjs-locked owns (see connect()). */
-const OWNED_CONNECTION = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyConnect: true };
 /** How long shutdown waits for Redis to take back the locks still held, and for acquisitions in progress to end. */
 const SHUTDOWN_RELEASE_MS = 2_000;
 
@@ -133,7 +125,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     @Optional() private readonly moduleRef?: ModuleRef,
   ) {
     this.options = resolveModuleOptions(options);
-    this.store = this.createStore();
+    this.store = createStore(this.options, this.logger);
     this.time = this.store.time ?? realTime;
     this.watchdog = new Watchdog({
       renew: (locks) => this.store.renew(locks.map((l) => ({ key: l.key, owner: l.owner, leaseMs: l.leaseMs, mode: l.mode }))),
@@ -529,87 +521,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const owner = this.liveContext()?.owner ?? '';
     this.logger.debug(`${method} skipped: "${key}" is held by another owner`);
     this.emit({ type: 'skipped', key, owner, method });
-  }
-
-  private createStore(): LockStore {
-    const log = {
-      debug: (m: string) => this.logger.debug(m),
-      warn: (m: string) => this.logger.warn(m),
-    };
-    const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs, fencingTokens, stepTimeoutMs } = this.options;
-    if (this.options.store === 'memory') return new MemoryLockStore();
-    if (redlock) {
-      const nodes = redlock.clients.map((connection) => {
-        const { client, owned } = this.lockConnection(connection);
-        // Redlock issues no fencing tokens: its nodes keep no counters.
-        const store = new RedisLockStore(client as Redis, owned, keyPrefix, log, undefined, 0);
-        return { name: store.description.replace(/^redis /, ''), store };
-      });
-      return new RedlockStore(nodes, redlock.driftFactor, stepTimeoutMs, log);
-    }
-    // resolveModuleOptions already refused replication with a Cluster, given as nodes or as a client.
-    const { client, owned } = this.lockConnection(redis);
-    return new RedisLockStore(client, owned, keyPrefix, log, replication, fencingCounterTtlMs, fencingTokens);
-  }
-
-  /**
-   * The connection lock steps go on: the client the application passed in, or one made from its
-   * options. Never one with ioredis's `commandTimeout`: ioredis then rejects a command it gave up on
-   * while Redis may still run it, so an acquisition could leave a lock held that nobody knows of
-   * (nestjs-locked bounds its steps itself and gives back what a step it gave up on took). A client
-   * passed in with one is copied without it: a connection of nestjs-locked's own, closed at shutdown.
-   */
-  private lockConnection(connection: RedisConnection | RedisClient): { client: RedisClient; owned: boolean } {
-    if (!isRedisClient(connection)) return { client: this.connect(connection), owned: true };
-    const client = connection as RedisClient;
-    const isCluster = (client as { isCluster?: boolean }).isCluster === true;
-    const options: RedisOptions = isCluster ? ((client as Cluster).options.redisOptions ?? {}) : (client as Redis).options;
-    const untimed = this.untimed(options, 'on a copy of the client passed in without it (one more connection, closed at shutdown)');
-    if (untimed === options) return { client, owned: false };
-    const copy = isCluster
-      ? (client as Cluster).duplicate([], { lazyConnect: true, redisOptions: { ...untimed, disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS } })
-      : (client as Redis).duplicate({ ...untimed, ...OWNED_CONNECTION });
-    return { client: this.watchErrors(copy), owned: true };
-  }
-
-  /** `options` without ioredis's commandTimeout (see lockConnection), said once in the log; `options` itself when it has none. */
-  private untimed<T extends { commandTimeout?: number }>(options: T | undefined, how: string): T | undefined {
-    if (typeof options?.commandTimeout !== 'number') return options;
-    this.logger.log(
-      `ioredis commandTimeout (${options.commandTimeout} ms): ioredis gives up on a command that Redis may still run, which for an acquisition would leave a lock held that nobody knows of; ` +
-        `nestjs-locked bounds its lock steps itself, by stepTimeoutMs (${this.options.stepTimeoutMs} ms; an attempt by its wait, at least that), and gives back what a step it gave up on took. Lock steps run ${how}.`,
-    );
-    return { ...options, commandTimeout: undefined };
-  }
-
-  /**
-   * A connection nestjs-locked owns (closed at shutdown), with its errors logged once per message.
-   * It connects at bootstrap (onModuleInit: the check, or with connectTimeoutMs: 0 a connect that
-   * is not waited for), not when this service is constructed: Nest constructs providers before it
-   * has resolved them all, and when another provider then fails to resolve, no lifecycle hook ever
-   * runs to close a connection opened here, which would keep the process alive reconnecting.
-   */
-  private connect(redis: RedisConnection): RedisClient {
-    // ioredis arms a disconnectTimeout timer (2 s by default) on disconnect() that nothing clears
-    // when the socket had already closed; keep it short on connections we own.
-    let client: RedisClient;
-    if (typeof redis === 'string') client = new Redis(redis, OWNED_CONNECTION);
-    else if ('cluster' in redis) {
-      const { cluster, options } = redis as RedisClusterConnection;
-      client = new Cluster(cluster, { lazyConnect: true, ...options, redisOptions: { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, ...this.untimed(options?.redisOptions, 'without it') } });
-    } else client = new Redis({ ...OWNED_CONNECTION, ...this.untimed(redis as RedisOptions, 'without it') });
-    return this.watchErrors(client);
-  }
-
-  /** Logs a connection's errors once per message (until it is ready again). */
-  private watchErrors(client: RedisClient): RedisClient {
-    let lastError = '';
-    client.on('error', (e: Error) => {
-      if (e.message !== lastError) this.logger.warn(`Redis connection: ${e.message}`);
-      lastError = e.message;
-    });
-    client.on('ready', () => (lastError = ''));
-    return client;
   }
 
   private contextFor(o: ResolvedLockOptions): LockContext {
