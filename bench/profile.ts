@@ -29,9 +29,8 @@
 // PROFILE_ALLOC_OUT=file writes the totals as JSON.
 import { Session } from 'node:inspector/promises';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { RedisServer } from '../test/support/redis-server.js';
 import { FENCE_COUNTER_TTL_MS, RELEASE } from '../lib/store/redis/lock.scripts.js';
@@ -42,8 +41,8 @@ import { LockService } from '../lib/index.js';
 import { RELEASE_NO_ANNOUNCEMENT, SCRIPT_VARIANTS, type ScriptVariant } from './our-scripts.js';
 import { makeLocker, scriptsLocker, serviceLocker, type Locker, type LockerKind } from './lockers.js';
 import { median, round } from './stats.js';
+import { repoRoot } from '../test/support/paths.js';
 
-const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
 const SEQUENTIAL_PAIRS = Number(process.env.PROFILE_PAIRS ?? 4_000);
 type Kind = LockerKind | ScriptVariant | 'nestjs-locked-hold-count-only' | 'nestjs-locked-store';

@@ -10,13 +10,12 @@ import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { ACQUIRE, RELEASE } from '../lib/store/redis/lock.scripts.js';
 import { SCRIPT_VARIANTS, scriptsPair } from './our-scripts.js';
+import { repoRoot } from '../test/support/paths.js';
 
-const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PAIRS = Number(process.env.INSTRUCTIONS_PAIRS ?? 2_000);
 const CAD = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end`;
 

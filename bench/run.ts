@@ -19,9 +19,9 @@ import { jain, median, percentile, round, timedLoops } from './stats.js';
 import { pingFigures, timedPings } from './ping.js';
 import { writeReport } from './report.js';
 import { startHttpApp } from './http-app-child.js';
+import { repoRoot } from '../test/support/paths.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const repoRoot = join(here, '..', '..');
 const REPEATS = Number(process.env.BENCH_REPEATS ?? 3);
 const SLICES = 4 * REPEATS;
 const ONLY = (process.env.BENCH_ONLY ?? '1,2,3,4,5').split(',').map(Number);

@@ -1,11 +1,12 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import { execFile } from 'node:child_process';
-import { dirname, join } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import { globalTime, withTimeout } from '../../lib/internal/time.js';
+import { repoRoot } from '../support/paths.js';
 
-const built = pathToFileURL(join(dirname(fileURLToPath(import.meta.url)), '..', '..', '.test-build', 'lib', 'internal', 'time.js')).href;
+const built = pathToFileURL(join(repoRoot, '.test-build', 'lib', 'internal', 'time.js')).href;
 
 /** The bound every lock step is given (internal/time.ts). */
 describe('withTimeout', () => {

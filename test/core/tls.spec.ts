@@ -1,15 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { LockBackendError } from '../../lib/index.js';
 import { bootstrapFailure, startLockApp, wokenBy } from '../support/lock-testing.js';
 import { RedisCluster } from '../support/redis-cluster.js';
 import { freePort, RedisServer } from '../support/redis-server.js';
+import { repoRoot } from '../support/paths.js';
 
 /** A self-signed certificate for 127.0.0.1, made for these tests only (valid until 2126). */
-const tlsDir = join(dirname(fileURLToPath(import.meta.url)), '..', 'fixtures', 'tls');
+const tlsDir = join(repoRoot, 'test', 'fixtures', 'tls');
 const ca = readFileSync(join(tlsDir, 'cert.pem'));
 /** redis-server's TLS arguments, on `port`; clients are not asked for a certificate. */
 const tlsArgs = (port: number) => [

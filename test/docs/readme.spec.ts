@@ -1,8 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { repoRoot as root } from '../support/paths.js';
 
 /**
  * Every TypeScript block of the README type-checks against the library's source. Blocks with
@@ -11,7 +11,6 @@ import { fileURLToPath } from 'node:url';
  * wrapped in a class, statements in a method. Names a fragment uses without defining (`locks`,
  * `db`, `id`...) are declared once, in ambient.d.ts below.
  */
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const work = join(root, '.tmp', 'readme-check');
 
 const commonImports = `import { Body, Controller, Get, Injectable, Module, Param, ParseIntPipe, Post, Put } from '@nestjs/common';

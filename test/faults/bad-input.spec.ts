@@ -4,8 +4,7 @@ import { Test } from '@nestjs/testing';
 import { Cluster, Redis } from 'ioredis';
 import { once } from 'node:events';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import {
   Locked,
   LockBackendError,
@@ -23,6 +22,7 @@ import {
 } from '../../lib/index.js';
 import { CapturingLogger, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 import { olderRedis, RedisServer, silentPort } from '../support/redis-server.js';
+import { repoRoot as root } from '../support/paths.js';
 
 /**
  * Every public entry point fed bad input. Each case must end in a typed error with a message that
@@ -46,7 +46,6 @@ interface Ctx {
   redis: RedisServer;
 }
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 /**
  * Boots on a client the application closed first. Waited for ever (the connectTimeoutMs deadline
  * here) for a connection ioredis never makes again, then said "no answer".

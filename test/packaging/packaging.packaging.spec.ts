@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { cpSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { delimiter, dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { delimiter, join } from 'node:path';
 import { RedisServer } from '../support/redis-server.js';
+import { repoRoot as root } from '../support/paths.js';
 
 /**
  * Packaging proven from the outside (`npm run test:packaging`): the library is packed with
@@ -16,7 +16,6 @@ import { RedisServer } from '../support/redis-server.js';
  * npm registry by scripts/node-floor.mjs. Each app is also type-checked with every TypeScript major
  * in TYPESCRIPTS, whichever one it pins itself. Needs the npm registry.
  */
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const work = join(root, '.tmp', 'packaging');
 const pathKey = Object.keys(process.env).find((k) => k.toUpperCase() === 'PATH') ?? 'PATH';
 const run = (cwd: string, command: string, args: string[], env: Record<string, string> = {}) => {

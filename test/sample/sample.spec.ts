@@ -1,12 +1,12 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { delimiter, dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { LockService } from '../../lib/index.js';
 import { CapturingLogger, listening, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
+import { repoRoot } from '../support/paths.js';
 
 // The demo's job fires every 5 s; every second here, set before the sample is loaded.
 process.env.SAMPLE_INTEREST_CRON = '* * * * * *';
@@ -151,8 +151,7 @@ class Command {
 
   /** `command` is this Node by default (the Node the suite runs on), or a command found on PATH. */
   constructor(args: string[], env: Record<string, string>, command = process.execPath) {
-    const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-    this.child = spawn(command, args, { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    this.child = spawn(command, args, { cwd: repoRoot, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     const read = (chunk: Buffer) => {
       this.output += chunk.toString();
       for (const wait of [...this.waits]) {

@@ -1,8 +1,6 @@
 import { fork, type ChildProcess } from 'node:child_process';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+import { join } from 'node:path';
+import { repoRoot as root } from './paths.js';
 
 /** A message a fixture sends to the test over IPC. */
 export interface FixtureMessage {

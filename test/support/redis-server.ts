@@ -2,10 +2,10 @@ import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_proces
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
+import { repoRoot } from './paths.js';
 
 /**
  * A private `redis-server` for one test file: started on a free loopback port, with nothing saved
@@ -467,7 +467,7 @@ export async function tcpProxy(
  * REDIS_6_0 names a directory of its binaries instead). Resolves with its version.
  */
 export async function olderRedis(): Promise<{ server: RedisServer; version: string }> {
-  const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'redis-servers.mjs');
+  const script = join(repoRoot, 'scripts', 'redis-servers.mjs');
   // Not execFileSync: the event loop goes on meanwhile (a test's locks keep renewing).
   const { stdout } = await promisify(execFile)(process.execPath, [script, 'redis6'], { encoding: 'utf8' });
   const { bin, version } = JSON.parse(stdout) as { bin: string; version: string };
