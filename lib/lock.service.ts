@@ -29,6 +29,7 @@ import {
   resolveLockOptions,
   resolveModuleOptions,
   sided,
+  type ContentionPolicy,
   type LockModuleOptions,
   type LockOptions,
   type ResolvedLockOptions,
@@ -36,7 +37,6 @@ import {
 } from './lock-options.js';
 import { Watchdog } from './renewal/watchdog.js';
 import type { LockedSpec } from './decorators/lock-pipeline.js';
-import type { ContentionPolicy } from './lock-options.js';
 import type { AcquireResult, Handover, HoldsHere, LockMode, LockStore, ReleaseWatch, TakeAlong } from './store/lock-store.js';
 import { createStore } from './store/create-store.js';
 

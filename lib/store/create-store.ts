@@ -20,13 +20,13 @@ const OWNED_CONNECTION = { disconnectTimeout: OWNED_DISCONNECT_TIMEOUT_MS, lazyC
  * by the store at shutdown), whose errors are logged once per message on `logger`.
  */
 export function createStore(options: ResolvedModuleOptions, logger: Logger): LockStore {
+  if (options.store === 'memory') return new MemoryLockStore();
   const connections = new Connections(options, logger);
   const log = {
     debug: (m: string) => logger.debug(m),
     warn: (m: string) => logger.warn(m),
   };
   const { redis, keyPrefix, replication, redlock, fencingCounterTtlMs, fencingTokens, stepTimeoutMs } = options;
-  if (options.store === 'memory') return new MemoryLockStore();
   if (redlock) {
     const nodes = redlock.clients.map((connection) => {
       const { client, owned } = connections.forLocks(connection);
