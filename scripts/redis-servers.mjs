@@ -136,7 +136,7 @@ function checked(server, bin) {
   const reported = execFileSync(join(bin, 'redis-server'), ['--version'], { encoding: 'utf8' }).trim();
   const version = new RegExp(`^${server.label} server v=(\\d+\\.\\d+\\.\\d+)`).exec(reported)?.[1];
   if (!version || (server.line && !version.startsWith(`${server.line}.`))) {
-    throw new Error(`${bin}/redis-server reports "${reported}"; this run is for ${server.label} ${server.line}.x (scripts/redis-servers.mjs)`);
+    throw new Error(`${bin}/redis-server reports "${reported}"; this run is for ${named(server)}${server.line ? '.x' : ''} (scripts/redis-servers.mjs)`);
   }
   const cli = execFileSync(join(bin, 'redis-cli'), ['--version'], { encoding: 'utf8' }).trim();
   if (!cli.includes(version)) throw new Error(`${bin}/redis-cli reports "${cli}", not ${server.label} ${version}`);
