@@ -584,7 +584,7 @@ function profileSection(e: Extras): string[] {
       '',
       ...(e.profileHttp
         ? [
-            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-11-27, on the machine of the full run above, medians of 15 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu); the last two columns compare each endpoint with the hand-written lock of the same round (the median of the 15 per-round ratios), which the load of the machine moves far less than the medians.`,
+            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-12-07, on the machine of the full run above, after it, medians of 15 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu); the last two columns compare each endpoint with the hand-written lock of the same round (the median of the 15 per-round ratios), which the load of the machine moves far less than the medians.`,
             '',
             '| endpoint | requests/s | vs hand-written lock | app CPU us/request | Redis CPU us/request | app CPU vs hand-written lock, round by round | Redis CPU vs hand-written lock, round by round |',
             '|---|---|---|---|---|---|---|',
