@@ -41,9 +41,9 @@ export function newestNode() {
 
 /**
  * The newest release of each long-term-support line between the floor and NEWEST_NODE when they
- * were pinned (2026-11-26, from the npm registry): the Nodes most applications run in production.
+ * were pinned (2026-12-07, from the npm registry): the Nodes most applications run in production.
  */
-export const LTS_NODES = ['22.23.3', '24.21.0'];
+export const LTS_NODES = ['22.23.5', '24.22.3'];
 
 /** One of LTS_NODES, fetched like the floor's, or the binary `NODE_<major>` names (`NODE_22`). */
 export function ltsNode(version) {
