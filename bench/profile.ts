@@ -9,7 +9,8 @@
 // kind and round (default 4,000): fewer pairs and more rounds keep the kinds a round compares closer
 // together in time on a machine whose speed moves from one second to the next. PROFILE_OUT=file
 // writes the medians as JSON, with the rounds and scenario 1's pairs under `settings`
-// (PROFILE_HTTP_OUT=file those of scenario 4).
+// (PROFILE_HTTP_OUT=file those of scenario 4); every file written has the date, the machine and the
+// command under `measured`.
 // PROFILE_CPU=1 also records a V8 CPU profile of nestjs-locked's runs (.tmp/bench-profile.cpuprofile,
 // open it in Chrome DevTools) and prints the functions with the most self time.
 // Scenario 4 (the HTTP endpoints of `npm run bench`, autocannon with 16 connections): requests/s,
@@ -40,7 +41,7 @@ import { startHttpApp } from './http-app-child.js';
 import { LockService } from '../lib/index.js';
 import { RELEASE_NO_ANNOUNCEMENT, SCRIPT_VARIANTS, type ScriptVariant } from './our-scripts.js';
 import { makeLocker, scriptsLocker, serviceLocker, type Locker, type LockerKind } from './lockers.js';
-import { median, round } from './stats.js';
+import { measuredOn, median, round } from './stats.js';
 import { repoRoot } from '../test/support/paths.js';
 
 const ROUNDS = Number(process.env.PROFILE_ROUNDS ?? 5);
@@ -286,6 +287,9 @@ async function main() {
     await session.post('Profiler.enable');
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
   }
+  // When, where and how: written into each results file (the report names them).
+  const command = [...Object.entries(process.env).filter(([k]) => k.startsWith('PROFILE_') && !k.endsWith('OUT')).map(([k, v]) => `${k}=${v}`).sort(), 'npm run bench:profile'].join(' ');
+  const measured = { ...(await measuredOn(admin)), command };
   const out: Record<string, Record<string, Cost>> = {};
   let http: Record<string, HttpCost> | undefined;
   let alloc: Awaited<ReturnType<typeof allocations>> | undefined;
@@ -356,10 +360,10 @@ async function main() {
   if (alloc) {
     console.log('\nbytes allocated by Node per sequential pair (sampling heap profiler, collected objects included)');
     for (const [kind, a] of Object.entries(alloc)) console.log(`${kind}: ${a.bytesPerPair} B per pair\n${a.top.join('\n')}`);
-    if (process.env.PROFILE_ALLOC_OUT) writeFileSync(process.env.PROFILE_ALLOC_OUT, JSON.stringify(Object.fromEntries(Object.entries(alloc).map(([k, a]) => [k, a.bytesPerPair])), null, 2) + '\n');
+    if (process.env.PROFILE_ALLOC_OUT) writeFileSync(process.env.PROFILE_ALLOC_OUT, JSON.stringify({ measured, ...Object.fromEntries(Object.entries(alloc).map(([k, a]) => [k, a.bytesPerPair])) }, null, 2) + '\n');
   }
-  if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify({ settings: { rounds: ROUNDS, sequentialPairs: SEQUENTIAL_PAIRS }, ...out }, null, 2) + '\n');
-  if (process.env.PROFILE_HTTP_OUT && http) writeFileSync(process.env.PROFILE_HTTP_OUT, JSON.stringify(http, null, 2) + '\n');
+  if (process.env.PROFILE_OUT) writeFileSync(process.env.PROFILE_OUT, JSON.stringify({ settings: { rounds: ROUNDS, sequentialPairs: SEQUENTIAL_PAIRS }, measured, ...out }, null, 2) + '\n');
+  if (process.env.PROFILE_HTTP_OUT && http) writeFileSync(process.env.PROFILE_HTTP_OUT, JSON.stringify({ measured, ...http }, null, 2) + '\n');
 }
 
 await main();

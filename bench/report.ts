@@ -2,12 +2,12 @@
 // and to each anchor, and each target checked.
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { median } from './stats.js';
+import { median, type Machine } from './stats.js';
 
 type Row = Record<string, number | string | number[]>;
 interface Results {
   date: string;
-  machine: { cores: number; cpu?: string; node: string; redis: string };
+  machine: Machine;
   repeats: number;
   /** Rounds of scenarios 1, 2 and 4 (absent in runs before they were sliced). */
   slices?: number;
@@ -84,7 +84,7 @@ export function writeReport(r: Results, file: string): void {
   out.push('# Benchmarks', '');
   out.push(
     `Measured ${r.date.slice(0, 10)} with \`npm run bench\` on one private redis-server over loopback: ` +
-      `${r.machine.cores} cores (${r.machine.cpu ?? 'unknown CPU'}), Node ${r.machine.node}, Redis ${r.machine.redis}. ` +
+      `${describeMachine(r.machine)}. ` +
       (r.slices
         ? `Scenarios 1, 2 and 4 run in ${r.slices} rounds of short slices (500 sequential pairs; 64 workers x 40 pairs; 2 s of autocannon), every library or endpoint once per round in a rotated order, on clients opened once: each figure is the median of its ${r.slices} slices, and each ratio the median of the ${r.slices} per-round ratios, so that the two sides of a ratio always ran within a second or two of each other (the speed of this machine moves by up to 2 x from one second to the next${spanOf(r.sequential?.raw)}). ${r.contendedRounds ? `Scenario 3 runs in ${r.contendedRounds} rounds per topology in the same way (its section says how), scenario 5 is the median of ${r.repeats} runs` : `Scenarios 3 and 5: the median of ${r.repeats} runs`}. `
         : `Each figure is the median of ${r.repeats} runs (scenarios 1 and 2 interleave the libraries and scenario 4 the endpoints, in a rotated order each round, so none is always the cold first one). `) +
@@ -225,7 +225,7 @@ export function writeReport(r: Results, file: string): void {
   const extra = readExtras(dirname(file));
   const missed = ['### Where targets are missed, and why', '', ...explainMisses(r, extra), ''];
   out.splice(6, 0, '## Targets', '', '| scenario | target | this run | |', '|---|---|---|---|', ...targets, '', ...missed);
-  out.push(...profileSection(extra));
+  out.push(...profileSection(r, extra));
   // Hand-written notes on earlier runs (bench/earlier-runs.md), kept under the figures of this one.
   const earlier = join(dirname(file), 'bench', 'earlier-runs.md');
   if (existsSync(earlier)) out.push('', readFileSync(earlier, 'utf8').trimEnd());
@@ -259,6 +259,30 @@ interface Extras {
   breakdownSettings: { rounds: number; sequentialPairs: number };
   /** `npm run bench:instructions` (bench/results/redis-instructions.json). */
   instructions?: { pairs: number; instructionsPerPair: Record<string, number> };
+  /** When and where each profile file was measured (written by `npm run bench:profile` since 2026-12-07). */
+  measured: { breakdown?: Measured; profileHttp?: Measured; alloc?: Measured };
+}
+
+/** What `npm run bench:profile` writes under `measured` in each results file. */
+interface Measured {
+  date: string;
+  machine: Machine;
+  command?: string;
+}
+
+const describeMachine = (m: Machine) => `${m.cores} cores (${m.cpu ?? 'unknown CPU'}), Node ${m.node}, Redis ${m.redis}`;
+
+/**
+ * When and where a profile file was measured, against the full run of this report: ", on <day>, on
+ * the machine of the full run above" when cores, CPU, Node and Redis all match the run's, the
+ * machine itself otherwise; empty for files written before profiles recorded it.
+ */
+function measuredWhere(m: Measured | undefined, r: Results): string {
+  if (!m) return '';
+  const same = describeMachine(m.machine) === describeMachine(r.machine);
+  // A date without a time (files that had it added by hand) cannot be placed before or after the run.
+  const relative = m.date.length > 10 && m.date.slice(0, 10) === r.date.slice(0, 10) ? (m.date > r.date ? ', after it' : ', before it') : '';
+  return `, on ${m.date.slice(0, 10)}, on ${same ? `a machine with the full run's cores, CPU, Node and Redis${relative}` : `${describeMachine(m.machine)}`}`;
 }
 
 function readExtras(root: string): Extras {
@@ -266,23 +290,31 @@ function readExtras(root: string): Extras {
     const path = join(root, 'bench', 'results', name);
     return existsSync(path) ? JSON.parse(readFileSync(path, 'utf8')) : undefined;
   };
-  // `npm run bench:profile` writes its settings next to the scenarios (since 2026-11-25).
+  // `npm run bench:profile` writes its settings next to the scenarios (since 2026-11-25), and when
+  // and where it measured (since 2026-12-07).
   const scenarios = (name: string) => {
-    const json = read(name) as ({ settings?: Extras['breakdownSettings'] } & Record<string, Record<string, Cost>>) | undefined;
-    if (!json) return { data: undefined, settings: undefined };
-    const { settings, ...data } = json;
-    return { data: data as Record<string, Record<string, Cost>>, settings };
+    const json = read(name) as ({ settings?: Extras['breakdownSettings']; measured?: Measured } & Record<string, Record<string, Cost>>) | undefined;
+    if (!json) return { data: undefined, settings: undefined, measured: undefined };
+    const { settings, measured, ...data } = json;
+    return { data: data as Record<string, Record<string, Cost>>, settings, measured };
+  };
+  const withMeasured = <T>(name: string) => {
+    const { measured, ...data } = (read(name) ?? {}) as { measured?: Measured } & Record<string, T>;
+    return { data: Object.keys(data).length ? data : undefined, measured };
   };
   const breakdown = scenarios('profile-breakdown.json');
+  const http = withMeasured<NonNullable<Extras['profileHttp']>[string]>('profile-http.json');
+  const alloc = withMeasured<number>('profile-alloc.json');
   return {
     profile: scenarios('profile.json').data,
     profileBefore: scenarios('profile-before.json').data,
-    profileHttp: read('profile-http.json'),
+    profileHttp: http.data,
     instructions: read('redis-instructions.json'),
-    alloc: read('profile-alloc.json'),
+    alloc: alloc.data,
     breakdown: breakdown.data,
     scenario1Runs: read('scenario1-runs.json'),
     breakdownSettings: breakdown.settings ?? { rounds: 15, sequentialPairs: 4_000 },
+    measured: { breakdown: breakdown.measured, profileHttp: http.measured, alloc: alloc.measured },
   };
 }
 
@@ -376,7 +408,7 @@ function explainMisses(r: Results, e: Extras): string[] {
     const { rounds, sequentialPairs } = e.breakdownSettings;
     if (missed1 && b?.scripts?.vsRaw !== undefined && b['scripts-no-fencing']?.vsRaw !== undefined && b['scripts-no-announcement']?.vsRaw !== undefined && b['scripts-empty']?.vsRaw !== undefined) {
       text +=
-        `\n  - **What it costs in time.** One caller at a time (\`PROFILE_SCENARIOS=1 PROFILE_ROUNDS=${rounds}${sequentialPairs === 4_000 ? '' : ` PROFILE_PAIRS=${sequentialPairs}`} PROFILE_KINDS=${Object.keys(b).join(',')} npm run bench:profile\`, bench/results/profile-breakdown.json, each figure the median of ${rounds} per-round ratios to the raw limit, each round ${fmt(sequentialPairs)} pairs of each kind): ` +
+        `\n  - **What it costs in time.** One caller at a time (\`PROFILE_SCENARIOS=1 PROFILE_ROUNDS=${rounds}${sequentialPairs === 4_000 ? '' : ` PROFILE_PAIRS=${sequentialPairs}`} PROFILE_KINDS=${Object.keys(b).join(',')} npm run bench:profile\`, bench/results/profile-breakdown.json, each figure the median of ${rounds} per-round ratios to the raw limit, each round ${fmt(sequentialPairs)} pairs of each kind${measuredWhere(e.measured.breakdown, r)}): ` +
         `the bare scripts reach ${xr(b.scripts.vsRaw)}, ${xr(b['scripts-no-fencing'].vsRaw)} without the fencing token, ${xr(b['scripts-no-announcement'].vsRaw)} without the announcement, and two scripts with empty bodies ${xr(b['scripts-empty'].vsRaw)}` +
         (b['nestjs-locked']?.vsRaw !== undefined ? `; nestjs-locked itself ${xr(b['nestjs-locked'].vsRaw)}` : '') +
         '.' +
@@ -401,7 +433,7 @@ function explainMisses(r: Results, e: Extras): string[] {
         `\n  - **Without LockService.** Sent from a bare ioredis client with no LockService (the \`scripts\` row of \`npm run bench:profile\`), these scripts reach ${ceiling} in that run: the ceiling for this data model on this machine${missed2 ? '' : ' while one caller at a time leaves no commands to batch (unlike scenario 2)'}. ` +
         service +
         (e.alloc?.raw && e.alloc.scripts && e.alloc['nestjs-locked']
-          ? `It allocates ${fmt(e.alloc['nestjs-locked'])} bytes per pair in Node, against ${fmt(e.alloc.scripts)} for the bare scripts and ${fmt(e.alloc.raw)} for the raw limit (\`PROFILE_ALLOC=1 npm run bench:profile\`: the handle, the held-lock record, the owner's context and the promises of each step). `
+          ? `It allocates ${fmt(e.alloc['nestjs-locked'])} bytes per pair in Node, against ${fmt(e.alloc.scripts)} for the bare scripts and ${fmt(e.alloc.raw)} for the raw limit (\`PROFILE_ALLOC=1 npm run bench:profile\`${measuredWhere(e.measured.alloc, r)}: the handle, the held-lock record, the owner's context and the promises of each step). `
           : '') +
         (missed2 ? 'In scenario 2 Redis and Node share the 2 cores, so pairs/s follows the sum of both processes\' CPU per pair.' : '');
     }
@@ -548,8 +580,11 @@ function spreadOf(ours: number[] | undefined, base: number[] | undefined): strin
   return range && `${range}, median ${median(roundRatios(ours, base)!).toFixed(2)}`;
 }
 
-function profileSection(e: Extras): string[] {
+function profileSection(r: Results, e: Extras): string[] {
   if (!e.profile && !e.instructions && !e.profileHttp) return [];
+  // Files written before 2026-12-07 do not say how they were run: they were all run this way.
+  const httpCommand = e.measured.profileHttp?.command?.replace(/ ?npm run bench:profile$/, '') ?? 'PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15';
+  const httpRounds = Number(/PROFILE_ROUNDS=(\d+)/.exec(httpCommand)?.[1] ?? 5);
   const out = ['## Where the time goes (profiling)', ''];
   if (e.instructions) {
     const i = e.instructions.instructionsPerPair;
@@ -584,7 +619,7 @@ function profileSection(e: Extras): string[] {
       '',
       ...(e.profileHttp
         ? [
-            `Scenario 4 in \`npm run bench:profile\` (\`PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15\`, bench/results/profile-http.json): the same HTTP endpoints on 2026-12-07, on the machine of the full run above, after it, medians of 15 interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu); the last two columns compare each endpoint with the hand-written lock of the same round (the median of the 15 per-round ratios), which the load of the machine moves far less than the medians.`,
+            `Scenario 4 in \`npm run bench:profile\` (\`${httpCommand}\`, bench/results/profile-http.json): the same HTTP endpoints${measuredWhere(e.measured.profileHttp, r)}, medians of ${httpRounds} interleaved rounds of 3 s, with the CPU time each request costs the app's process (process.cpuUsage, kernel time included) and Redis (INFO cpu); the last two columns compare each endpoint with the hand-written lock of the same round (the median of the ${httpRounds} per-round ratios), which the load of the machine moves far less than the medians.`,
             '',
             '| endpoint | requests/s | vs hand-written lock | app CPU us/request | Redis CPU us/request | app CPU vs hand-written lock, round by round | Redis CPU vs hand-written lock, round by round |',
             '|---|---|---|---|---|---|---|',

@@ -7,7 +7,6 @@
 // (and does not rewrite BENCHMARKS.md).
 import { fork } from 'node:child_process';
 import { writeFileSync, readFileSync } from 'node:fs';
-import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
@@ -15,7 +14,7 @@ import { Redis } from 'ioredis';
 import { LockService } from '../lib/index.js';
 import { RedisServer, scriptCalls } from '../test/support/redis-server.js';
 import { makeLocker, type Locker, type LockerKind } from './lockers.js';
-import { jain, median, percentile, round, timedLoops } from './stats.js';
+import { jain, measuredOn, median, percentile, round, timedLoops } from './stats.js';
 import { pingFigures, timedPings } from './ping.js';
 import { writeReport } from './report.js';
 import { startHttpApp } from './http-app-child.js';
@@ -323,10 +322,8 @@ async function manyHeld(url: string, count = 10_000, leaseMs = 3_000): Promise<R
 async function main() {
   const redis = await RedisServer.start();
   const url = redis.url;
-  const redisVersion = /redis_version:(\S+)/.exec(await redis.client().info('server'))?.[1] ?? '?';
   const results: Record<string, unknown> = {
-    date: new Date().toISOString(),
-    machine: { cores: cpus().length, cpu: cpus()[0]?.model, node: process.version, redis: redisVersion },
+    ...(await measuredOn(redis.client())),
     repeats: REPEATS,
     slices: SLICES,
     command: 'npm run bench',

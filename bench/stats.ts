@@ -1,3 +1,4 @@
+import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
 
 /** Percentile (0..100) of an unsorted sample, by nearest rank. */
@@ -37,4 +38,18 @@ export async function timedLoops(loops: number, count: number, op: () => Promise
     }),
   );
   return { latencies, elapsedMs: performance.now() - started };
+}
+
+/** The machine a run measured on, as BENCHMARKS.md names it. */
+export interface Machine {
+  cores: number;
+  cpu?: string;
+  node: string;
+  redis: string;
+}
+
+/** When and where a run measured: written into each results file, so the report can say it. */
+export async function measuredOn(redis: { info(section: string): Promise<string> }): Promise<{ date: string; machine: Machine }> {
+  const version = /redis_version:(\S+)/.exec(await redis.info('server'))?.[1] ?? '?';
+  return { date: new Date().toISOString(), machine: { cores: cpus().length, cpu: cpus()[0]?.model, node: process.version, redis: version } };
 }

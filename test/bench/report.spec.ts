@@ -257,3 +257,35 @@ describe('BENCHMARKS.md, scenario 2', () => {
     expect(why).not.toMatch(/\b[0-9a-f]{7}\b/);
   });
 });
+
+describe('BENCHMARKS.md, the profiles', () => {
+  const run = { date: '2026-12-07T04:47:52Z', machine: { cores: 2, cpu: 'AMD EPYC', node: 'v20.20.2', redis: '7.0.15' }, repeats: 3 };
+  const endpoint = (requestsPerSec: number) => ({ requestsPerSec, appCpuUsPerRequest: 100, redisCpuUsPerRequest: 50, appCpuVsManual: 1, redisCpuVsManual: 1 });
+  const endpoints = { none: endpoint(3000), locked: endpoint(2000), manual: endpoint(2100), service: endpoint(2050) };
+  // The scenario-4 profile is written under the pair profile (bench/results/profile.json).
+  const profile = { '1 sequential': { raw: { pairsPerSec: 1000, nodeCpuUsPerPair: 60, redisCpuUsPerPair: 50, redisCommandsPerPair: 4, commands: {} } } };
+  const scenario4 = (md: string) => md.split('\n').find((line) => line.startsWith('Scenario 4 in `npm run bench:profile`')) ?? '';
+
+  it("names scenario 4's date, machine, command and rounds from what the profile wrote", () => {
+    const measured = { date: '2026-12-09T10:00:00Z', machine: { cores: 4, cpu: 'Intel Xeon', node: 'v22.23.5', redis: '8.6.3' }, command: 'PROFILE_ROUNDS=7 PROFILE_SCENARIOS=4 npm run bench:profile' };
+    const md = written(run, { 'profile.json': profile, 'profile-http.json': { measured, ...endpoints } });
+    const line = scenario4(md);
+    expect(md.split('\n').filter((row) => row.startsWith('| measured'))).toEqual([]); // not read as an endpoint
+    expect(line).toContain('(`PROFILE_ROUNDS=7 PROFILE_SCENARIOS=4`, bench/results/profile-http.json): the same HTTP endpoints, on 2026-12-09, on 4 cores (Intel Xeon), Node v22.23.5, Redis 8.6.3, medians of 7 interleaved rounds');
+    expect(line).toContain('(the median of the 7 per-round ratios)');
+  });
+
+  it('places a profile after the full run when both were measured that day on the same kind of machine', () => {
+    const measured = { date: '2026-12-07T05:20:00Z', machine: run.machine, command: 'PROFILE_ROUNDS=15 PROFILE_SCENARIOS=4 npm run bench:profile' };
+    expect(scenario4(written(run, { 'profile.json': profile, 'profile-http.json': { measured, ...endpoints } }))).toContain("the same HTTP endpoints, on 2026-12-07, on a machine with the full run's cores, CPU, Node and Redis, after it, medians of 15");
+    // A date without a time (added by hand) cannot be placed against the run.
+    const dayOnly = scenario4(written(run, { 'profile.json': profile, 'profile-http.json': { measured: { ...measured, date: '2026-12-07' }, ...endpoints } }));
+    expect(dayOnly).toContain("the same HTTP endpoints, on 2026-12-07, on a machine with the full run's cores, CPU, Node and Redis, medians of 15");
+  });
+
+  it('claims no date for a profile file that does not record one, and reads its endpoints as before', () => {
+    const md = written(run, { 'profile.json': profile, 'profile-http.json': endpoints });
+    expect(md).toContain('| @Locked | 2,000 | 0.95x |');
+    expect(scenario4(md)).toContain('(`PROFILE_SCENARIOS=4 PROFILE_ROUNDS=15`, bench/results/profile-http.json): the same HTTP endpoints, medians of 15 interleaved rounds');
+  });
+});
