@@ -14,7 +14,8 @@ const compat = `<rootDir>/compat/${compatDir}/node_modules`;
 /** @type {import('jest').Config} */
 export default {
   rootDir: '.',
-  testEnvironment: 'node',
+  // Node's environment, failing a test on a DeprecationWarning or MaxListenersExceededWarning too.
+  testEnvironment: '<rootDir>/test/support/jest-environment.mjs',
   roots: ['<rootDir>/test'],
   testMatch: ['**/*.spec.ts'],
   // The fault and packaging suites have their own commands (npm run test:faults, test:packaging).
@@ -43,7 +44,6 @@ export default {
     '^(\\.{1,2}/.*)\\.js$': '$1',
   },
   globalSetup: '<rootDir>/test/support/global-setup.mjs',
-  setupFilesAfterEnv: ['<rootDir>/test/support/jest.setup.ts'],
   testTimeout: 60_000,
   // Real Redis servers and child processes per file: two files at a time fit two cores.
   maxWorkers: 2,
