@@ -57,8 +57,9 @@ describe('the suite fails a test on', () => {
     expect((await result('uncaught exception'))?.message).toContain('guard fixture: nobody catches this either');
   });
 
-  it('a failing warning after the last test: the file fails', async () => {
+  it('a failing warning or an unhandled rejection after the last test: the file fails', async () => {
     expect((await result('(file)'))?.message).toContain('DeprecationWarning (DEP9998): guard fixture: deprecated after the last test');
+    expect((await result('(file)'))?.message).toContain('guard fixture: rejected after the last test');
   });
 
   it('nothing else: not on another warning, nor on a clean test', async () => {
