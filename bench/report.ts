@@ -274,15 +274,16 @@ const describeMachine = (m: Machine) => `${m.cores} cores (${m.cpu ?? 'unknown C
 
 /**
  * When and where a profile file was measured, against the full run of this report: ", on <day>, on
- * the machine of the full run above" when cores, CPU, Node and Redis all match the run's, the
- * machine itself otherwise; empty for files written before profiles recorded it.
+ * a machine with the full run's cores, CPU, Node and Redis" (", after it" or ", before it" when the
+ * file has the time and the day is the run's) when all four match the run's, the machine itself
+ * otherwise; empty for files written before profiles recorded it.
  */
 function measuredWhere(m: Measured | undefined, r: Results): string {
   if (!m) return '';
   const same = describeMachine(m.machine) === describeMachine(r.machine);
   // A date without a time (files that had it added by hand) cannot be placed before or after the run.
   const relative = m.date.length > 10 && m.date.slice(0, 10) === r.date.slice(0, 10) ? (m.date > r.date ? ', after it' : ', before it') : '';
-  return `, on ${m.date.slice(0, 10)}, on ${same ? `a machine with the full run's cores, CPU, Node and Redis${relative}` : `${describeMachine(m.machine)}`}`;
+  return `, on ${m.date.slice(0, 10)}, on ${same ? `a machine with the full run's cores, CPU, Node and Redis${relative}` : describeMachine(m.machine)}`;
 }
 
 function readExtras(root: string): Extras {
