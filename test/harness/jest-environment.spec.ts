@@ -52,6 +52,12 @@ describe('the suite fails a test on', () => {
     expect(r?.message).toContain('MaxListenersExceededWarning');
   });
 
+  it('a DeprecationWarning that a fixture process printed, naming the fixture', async () => {
+    const r = await result('fixture process deprecation');
+    expect(r?.status).toBe('failed');
+    expect(r?.message).toMatch(/fixture warning-child \(pid \d+\) printed: .*DeprecationWarning: guard fixture child: this API is deprecated/);
+  });
+
   it('an unhandled rejection and an uncaught exception', async () => {
     expect((await result('unhandled rejection'))?.message).toContain('guard fixture: nobody catches this');
     expect((await result('uncaught exception'))?.message).toContain('guard fixture: nobody catches this either');

@@ -9,8 +9,22 @@ export interface FixtureMessage {
 }
 
 /**
+ * A line of a fixture's stderr that fails the test run: a warning Node only prints, of the kinds
+ * test/support/jest-environment.mjs fails a test on in the test's own process.
+ */
+const FAILING_WARNING = /^.*\b(?:DeprecationWarning|MaxListenersExceededWarning)\b.*$/m;
+
+/**
+ * Where a fixture that printed such a warning is reported, on the test file's global: the test
+ * environment charges each entry to the test during which the fixture exited (or, after the last
+ * test, to the file).
+ */
+const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings'; // read there by this name
+
+/**
  * A child Node process running a fixture from test/fixtures (compiled by the global setup into
- * .test-build). Messages arrive over IPC; the test awaits them instead of sleeping.
+ * .test-build). Messages arrive over IPC; the test awaits them instead of sleeping. `exited`
+ * resolves once the process has exited and its stderr is read to the end.
  */
 export class Fixture {
   readonly messages: FixtureMessage[] = [];
@@ -36,8 +50,13 @@ export class Fixture {
       }
     });
     this.exited = new Promise((resolve) =>
-      this.child.once('exit', (code, signal) => {
+      this.child.once('close', (code, signal) => {
         live.delete(this.child);
+        const warning = FAILING_WARNING.exec(this.stderr);
+        if (warning) {
+          const reported = ((globalThis as Record<string, unknown>)[FIXTURE_WARNINGS] ??= []) as string[];
+          reported.push(`fixture ${name} (pid ${this.child.pid}) printed: ${warning[0]}`);
+        }
         resolve({ code, signal });
       }),
     );

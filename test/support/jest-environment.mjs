@@ -5,6 +5,8 @@
 //   dependency calls it (Node warns once per process: the first file to call it in a worker fails);
 // - MaxListenersExceededWarning: listeners piling up on one emitter or AbortSignal, the sign of a
 //   leak.
+// The same warnings printed by a fixture process (test/support/children.ts) fail the test during
+// which it exited.
 // It listens on the real `process`: a test file's `process` is a copy of it (jest-util's
 // createProcessObject) whose listeners never hear what the real one emits. Unhandled rejections and
 // uncaught exceptions need nothing here: jest-circus fails the test they happen in
@@ -32,11 +34,16 @@ export default class GuardedEnvironment extends TestEnvironment {
 
   /** jest-circus calls this on every event of the run, before it reports the test's result. */
   handleTestEvent(event, state) {
-    if (this.warnings.length === 0) return;
     const failures = event.name === 'test_done' ? event.test.errors : event.name === 'run_finish' ? state.unhandledErrors : undefined;
-    failures?.push(...this.warnings.splice(0).map(asError));
+    if (!failures) return;
+    failures.push(...this.warnings.splice(0).map(asError));
+    // Those that fixture processes printed (test/support/children.ts reports them here).
+    failures.push(...(this.global[FIXTURE_WARNINGS]?.splice(0) ?? []).map((line) => new Error(line)));
   }
 }
+
+/** Where test/support/children.ts reports a fixture process that printed a failing warning. */
+const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings';
 
 /** A warning as a failure: its name, code and message, and where it was emitted. */
 function asError(warning) {
