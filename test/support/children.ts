@@ -19,7 +19,7 @@ const FAILING_WARNING = /^.*\b(?:DeprecationWarning|MaxListenersExceededWarning)
  * environment charges each entry to the test during which the fixture exited (or, after the last
  * test, to the file).
  */
-const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings'; // read there by this name
+const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings'; // jest-environment.mjs reads it by this name
 
 /**
  * A child Node process running a fixture from test/fixtures (compiled by the global setup into
