@@ -9,17 +9,11 @@ export interface FixtureMessage {
 }
 
 /**
- * A line of a fixture's stderr that fails the test run: a warning Node only prints, of the kinds
- * test/support/jest-environment.mjs fails a test on in the test's own process.
+ * Where an exited fixture's stderr is handed to the test environment, on the test file's global:
+ * test/support/jest-environment.mjs looks in it for the warnings it fails a test on, and charges
+ * them to the test during which the fixture exited (or, after the last test, to the file).
  */
-const FAILING_WARNING = /^.*\b(?:DeprecationWarning|MaxListenersExceededWarning)\b.*$/m;
-
-/**
- * Where a fixture that printed such a warning is reported, on the test file's global: the test
- * environment charges each entry to the test during which the fixture exited (or, after the last
- * test, to the file).
- */
-const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings'; // jest-environment.mjs reads it by this name
+const FIXTURE_STDERR = '__nestjsLockedFixtureStderr'; // jest-environment.mjs reads it by this name
 
 /**
  * A child Node process running a fixture from test/fixtures (compiled by the global setup into
@@ -52,10 +46,9 @@ export class Fixture {
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code, signal) => {
         live.delete(this.child);
-        const warning = FAILING_WARNING.exec(this.stderr);
-        if (warning) {
-          const reported = ((globalThis as Record<string, unknown>)[FIXTURE_WARNINGS] ??= []) as string[];
-          reported.push(`fixture ${name} (pid ${this.child.pid}) printed: ${warning[0]}`);
+        if (this.stderr) {
+          const exitedFixtures = ((globalThis as Record<string, unknown>)[FIXTURE_STDERR] ??= []) as { fixture: string; stderr: string }[];
+          exitedFixtures.push({ fixture: `${name} (pid ${this.child.pid})`, stderr: this.stderr });
         }
         resolve({ code, signal });
       }),

@@ -14,6 +14,8 @@
 import { TestEnvironment } from 'jest-environment-node';
 
 const FAILING_WARNINGS = new Set(['DeprecationWarning', 'MaxListenersExceededWarning']);
+/** A line that Node prints for one of them, in a fixture process's stderr. */
+const FAILING_LINE = new RegExp(`^.*\\b(?:${[...FAILING_WARNINGS].join('|')})\\b.*$`, 'm');
 
 export default class GuardedEnvironment extends TestEnvironment {
   /** Failing warnings not yet charged to a test. */
@@ -37,13 +39,16 @@ export default class GuardedEnvironment extends TestEnvironment {
     const failures = event.name === 'test_done' ? event.test.errors : event.name === 'run_finish' ? state.unhandledErrors : undefined;
     if (!failures) return;
     failures.push(...this.warnings.splice(0).map(asError));
-    // Those that fixture processes printed (test/support/children.ts reports them here).
-    failures.push(...(this.global[FIXTURE_WARNINGS]?.splice(0) ?? []).map((line) => new Error(line)));
+    // Those that fixture processes printed (test/support/children.ts hands their stderr over here).
+    for (const { fixture, stderr } of this.global[FIXTURE_STDERR]?.splice(0) ?? []) {
+      const line = FAILING_LINE.exec(stderr);
+      if (line) failures.push(new Error(`fixture ${fixture} printed: ${line[0]}`));
+    }
   }
 }
 
-/** Where test/support/children.ts reports a fixture process that printed a failing warning. */
-const FIXTURE_WARNINGS = '__nestjsLockedFixtureWarnings';
+/** Where test/support/children.ts hands over the stderr of each fixture process that exited. */
+const FIXTURE_STDERR = '__nestjsLockedFixtureStderr';
 
 /** A warning as a failure: its name, code and message, and where it was emitted. */
 function asError(warning) {
