@@ -193,6 +193,21 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await store.release(handed, 'B')).toBe(0);
   });
 
+  it('wakes every waiter when a holder alone sets its lease shorter, so that each learns the new one', async () => {
+    const key = 'contract:shortened';
+    expect((await store.acquire({ key, owner: 'A', leaseMs: 20_000 })).granted).toBe(true);
+    // Refused with A's 20 s lease, each would sleep that long unless woken.
+    const waiters = [await queue(key, 'B', { leaseMs: 10_000 }), await queue(key, 'C', { leaseMs: 10_000 })];
+    const woke = waiters.map((w) => w.sleep(20_000));
+    expect(await store.renew([{ key, owner: 'A', leaseMs: 2_000, exact: true }])).toEqual([true]);
+    expect(await Promise.all(woke)).toEqual(['released', 'released']);
+    const again = await store.acquire({ key, owner: 'B', leaseMs: 10_000 });
+    expect(again.granted).toBe(false);
+    expect(!again.granted && again.ttlMs).toBeLessThanOrEqual(2_000);
+    for (const w of waiters) w.close();
+    expect(await store.release(key, 'A')).toBe(0);
+  });
+
   it('takes a multi-key group all or nothing, re-entering the keys its owner holds', async () => {
     const held = await store.acquire({ key: 'contract:m1', owner: 'A', leaseMs: 10_000 });
     if (!held.granted) throw new Error('A was refused');
