@@ -1,4 +1,4 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { once } from 'node:events';
 import { performance } from 'node:perf_hooks';
@@ -6,7 +6,6 @@ import { LockBackendError, type LockHandle } from '../../lib/index.js';
 import { RedisServer, subscribers, tcpProxy, until } from '../support/redis-server.js';
 import { nextEvent, startLockApp, type LockApp } from '../support/lock-testing.js';
 
-/** How many connections are subscribed to `lock:{key}`'s release channel. */
 /** The ids of the connections subscribed to at least one channel. */
 async function subscribedConnections(raw: Redis): Promise<string[]> {
   const list = String(await raw.call('CLIENT', 'LIST', 'TYPE', 'pubsub'));
@@ -23,19 +22,12 @@ describe('the release subscriber after a dropped connection', () => {
   let redis: RedisServer;
   let raw: Redis;
   let holderApp: LockApp;
-  const unhandled: unknown[] = [];
-  const record = (e: unknown) => unhandled.push(e);
   beforeAll(async () => {
     redis = await RedisServer.start();
     raw = redis.client();
     holderApp = await startLockApp({ redis: redis.url, leaseMs: 60_000 });
-    process.on('unhandledRejection', record);
-  });
-  afterEach(() => {
-    unhandled.length = 0;
   });
   afterAll(async () => {
-    process.off('unhandledRejection', record);
     await holderApp?.close();
     await redis?.stop();
   });
@@ -95,7 +87,6 @@ describe('the release subscriber after a dropped connection', () => {
       const lock = await waiting;
       expect(lock.key).toBe(key);
       await lock.release();
-      expect(unhandled).toEqual([]);
     } finally {
       await app.close();
       await holderShort.close();
@@ -145,9 +136,9 @@ describe('the release subscriber after a dropped connection', () => {
       await app.close();
       closed = true;
       await expect(waiting).rejects.toBeInstanceOf(LockBackendError);
-      // An unhandled rejection is reported once the microtasks ran out, before the next macrotask.
+      // An unhandled rejection would come once the microtasks ran out, before the next macrotask,
+      // and fail this test (jest-circus fails the test it comes in; test/harness checks that).
       await new Promise((resolve) => setImmediate(resolve));
-      expect(unhandled).toEqual([]);
       await holder.release();
     } finally {
       if (!closed) await app.close();
