@@ -1,16 +1,34 @@
 // The suite fails a test on what Node would only print: run in a Jest of its own, with the suite's
 // configuration (its test environment, test/support/jest-environment.mjs), each test of
 // test/fixtures/jest-guard.fixture.ts passes or fails as the suite must decide.
-import { describe, expect, it } from '@jest/globals';
+import { afterAll, describe, expect, it } from '@jest/globals';
 import { execFile } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import { repoRoot } from '../support/paths.js';
+import { until } from '../support/redis-server.js';
+
+/** Whether process `pid` exists (a zombie not yet reaped counts). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 interface JestReport {
   testResults: { message: string; assertionResults: { title: string; status: string; failureMessages: string[] }[] }[];
 }
+
+/** Where the fixture's test 'left running' writes the pids of the processes it leaves running. */
+const pidsDir = mkdtempSync(join(tmpdir(), 'nestjs-locked-guard-'));
+const pidsFile = join(pidsDir, 'pids');
+afterAll(() => rmSync(pidsDir, { recursive: true, force: true }));
 
 /** Each fixture test's status and failure messages, and under '(file)' the file's own message. */
 async function runFixture(): Promise<Map<string, { status: string; message: string }>> {
@@ -22,7 +40,7 @@ async function runFixture(): Promise<Map<string, { status: string; message: stri
   const run = await promisify(execFile)(
     process.execPath,
     ['--experimental-vm-modules', '--disable-warning=ExperimentalWarning', jest, '--config', JSON.stringify(own), '--json', '--runInBand'],
-    { cwd: repoRoot, timeout: 50_000, maxBuffer: 16 * 1024 * 1024 },
+    { cwd: repoRoot, timeout: 50_000, maxBuffer: 16 * 1024 * 1024, env: { ...process.env, GUARD_PIDS_FILE: pidsFile } },
   ).catch((error: { stdout?: string }) => ({ stdout: error.stdout ?? '' })); // Jest exits 1: some tests fail, as they must
   const report = JSON.parse(run.stdout) as JestReport;
   return new Map(
@@ -68,7 +86,21 @@ describe('the suite fails a test on', () => {
     expect((await result('(file)'))?.message).toContain('guard fixture: rejected after the last test');
   });
 
-  it('nothing else: not on another warning, nor on a clean test', async () => {
+  it('a fixture or a redis-server still running after the last test: the file fails, and they are killed', async () => {
+    const message = (await result('(file)'))?.message ?? '';
+    const [fixture, server] = readFileSync(pidsFile, 'utf8').split(' ').map(Number) as [number, number];
+    try {
+      expect(message).toContain(`fixture warning-child (pid ${fixture}) was still running after the file's last test and afterAll hooks: stop it there`);
+      expect(message).toMatch(new RegExp(`redis-server on port \\d+ \\(pid ${server}\\) was still running after the file's last test and afterAll hooks: stop it there`));
+      // Killed when the file failed for them; gone once their parent, the Jest run, ended.
+      for (const pid of [fixture, server]) await until(async () => !alive(pid), 5_000, `process ${pid} gone`);
+    } finally {
+      for (const pid of [fixture, server]) if (alive(pid)) process.kill(pid, 'SIGKILL');
+    }
+  });
+
+  it('nothing else: not on another warning, nor on a clean test, nor on the test that left them running', async () => {
+    expect((await result('left running'))?.status).toBe('passed');
     expect((await result('other warning'))?.status).toBe('passed');
     expect((await result('clean'))?.status).toBe('passed');
   });

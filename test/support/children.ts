@@ -16,6 +16,43 @@ export interface FixtureMessage {
 const FIXTURE_STDERR = '__nestjsLockedFixtureStderr'; // jest-environment.mjs reads it by this name
 
 /**
+ * Where a test file's child processes (fixtures, redis-servers, sentinels) are registered, on its
+ * global, with what each one is: test/support/jest-environment.mjs fails the file for each one still
+ * running after its last test and afterAll hooks, and kills it. A listener on `process` would not
+ * do: a test file's `process` is Jest's copy of it, whose 'exit' never comes.
+ */
+const CHILDREN = '__nestjsLockedChildren'; // jest-environment.mjs keeps it by this name
+
+/**
+ * Registers `child` (described as `what`) until it exits: in a test file, with the test
+ * environment; elsewhere (the benchmarks), with this process, which kills it when it exits or is
+ * told to end by SIGTERM or SIGINT.
+ */
+export function track(child: ChildProcess, what: string): void {
+  const registry = ((globalThis as Record<string, unknown>)[CHILDREN] as Map<ChildProcess, string> | undefined) ?? outsideJest();
+  registry.set(child, what);
+  child.once('exit', () => registry.delete(child));
+}
+
+let untracked: Map<ChildProcess, string> | undefined;
+/** The children of a process that runs outside Jest, killed with it. */
+function outsideJest(): Map<ChildProcess, string> {
+  if (untracked) return untracked;
+  const children = (untracked = new Map());
+  const killAll = () => {
+    for (const child of children.keys()) child.kill('SIGKILL');
+  };
+  process.once('exit', killAll);
+  for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+    process.once(signal, () => {
+      killAll();
+      process.kill(process.pid, signal); // the process still ends as asked
+    });
+  }
+  return children;
+}
+
+/**
  * A child Node process running a fixture from test/fixtures (compiled by the global setup into
  * .test-build). Messages arrive over IPC; the test awaits them instead of sleeping. `exited`
  * resolves once the process has exited and its stderr is read to the end.
@@ -32,7 +69,7 @@ export class Fixture {
       stdio: ['ignore', 'inherit', 'pipe', 'ipc'],
       execArgv: [],
     });
-    live.add(this.child);
+    track(this.child, `fixture ${name}`);
     this.child.stderr!.on('data', (chunk: Buffer) => (this.stderr += chunk.toString()));
     this.child.on('message', (m: FixtureMessage) => {
       this.messages.push(m);
@@ -45,7 +82,6 @@ export class Fixture {
     });
     this.exited = new Promise((resolve) =>
       this.child.once('close', (code, signal) => {
-        live.delete(this.child);
         if (this.stderr) {
           const exitedFixtures = ((globalThis as Record<string, unknown>)[FIXTURE_STDERR] ??= []) as { fixture: string; stderr: string }[];
           exitedFixtures.push({ fixture: `${name} (pid ${this.child.pid})`, stderr: this.stderr });
@@ -88,8 +124,3 @@ export class Fixture {
     await this.exited;
   }
 }
-
-const live = new Set<ChildProcess>();
-process.once('exit', () => {
-  for (const child of live) child.kill('SIGKILL');
-});

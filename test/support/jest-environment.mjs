@@ -6,7 +6,8 @@
 // - MaxListenersExceededWarning: listeners piling up on one emitter or AbortSignal, the sign of a
 //   leak.
 // The same warnings printed by a fixture process (test/support/children.ts) fail the test during
-// which it exited.
+// which it exited. And a child process that the file started (a fixture, a redis-server) and left
+// running after its last test and afterAll hooks fails the file, and is killed.
 // It listens on the real `process`: a test file's `process` is a copy of it (jest-util's
 // createProcessObject) whose listeners never hear what the real one emits. Unhandled rejections and
 // uncaught exceptions need nothing here: jest-circus fails the test they happen in
@@ -24,13 +25,24 @@ export default class GuardedEnvironment extends TestEnvironment {
     if (FAILING_WARNINGS.has(warning.name)) this.warnings.push(warning);
   };
 
+  /** The file's child processes still running, with what each is (test/support/children.ts's `track` registers them). */
+  children = new Map();
+  killChildren = () => {
+    for (const child of this.children.keys()) child.kill('SIGKILL');
+  };
+
   async setup() {
     await super.setup();
+    this.global[CHILDREN] = this.children;
     process.on('warning', this.onWarning);
+    // If the worker ends before the file does, its children go with it.
+    process.on('exit', this.killChildren);
   }
 
   async teardown() {
     process.off('warning', this.onWarning);
+    process.off('exit', this.killChildren);
+    this.killChildren();
     await super.teardown();
   }
 
@@ -44,8 +56,16 @@ export default class GuardedEnvironment extends TestEnvironment {
       const line = FAILING_LINE.exec(stderr);
       if (line) failures.push(new Error(`fixture ${fixture} printed: ${line[0]}`));
     }
+    if (event.name !== 'run_finish') return;
+    for (const [child, what] of this.children) {
+      failures.push(new Error(`${what} (pid ${child.pid}) was still running after the file's last test and afterAll hooks: stop it there`));
+      child.kill('SIGKILL');
+    }
   }
 }
+
+/** Where the test file's global holds its child processes (test/support/children.ts registers them). */
+const CHILDREN = '__nestjsLockedChildren';
 
 /** Where test/support/children.ts hands over the stderr of each fixture process that exited. */
 const FIXTURE_STDERR = '__nestjsLockedFixtureStderr';

@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
+import { track } from './children.js';
 import { repoRoot } from './paths.js';
 
 /**
@@ -111,29 +112,14 @@ export class RedisServer {
   }
 }
 
-const running = new Set<ChildProcess>();
-// If a test file (or a benchmark) dies before its cleanup, take its servers with it: on exit, and
-// on SIGTERM / SIGINT, after which the signal is raised again so the process still ends as asked.
-const killAll = () => {
-  for (const child of running) child.kill('SIGKILL');
-};
-process.once('exit', killAll);
-for (const signal of ['SIGTERM', 'SIGINT'] as const) {
-  process.once(signal, () => {
-    killAll();
-    process.kill(process.pid, signal);
-  });
-}
-
 /**
- * Spawns `redis-server args` (a server or, with `--sentinel`, a sentinel), killed with this test
- * process if its test file dies before its cleanup. `ready` resolves once its log shows `marker`,
- * and rejects if it exits first.
+ * Spawns `redis-server args` (a server or, with `--sentinel`, a sentinel), registered as `what` with
+ * `track` (children.ts): a test file that leaves it running fails, and it is killed. `ready`
+ * resolves once its log shows `marker`, and rejects if it exits first.
  */
 export function spawnUntilReady(args: string[], marker: string, what: string, binary = 'redis-server'): { process: ChildProcess; ready: Promise<void> } {
   const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  running.add(child);
-  child.once('exit', () => running.delete(child));
+  track(child, what);
   const ready = new Promise<void>((resolve, reject) => {
     let log = '';
     const onData = (chunk: Buffer) => {
