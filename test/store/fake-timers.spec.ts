@@ -103,14 +103,20 @@ describe("LockTestingModule under Jest's fake timers", () => {
     await jest.advanceTimersByTimeAsync(4_900);
     expect(lock.isHeld).toBe(true);
     await jest.advanceTimersByTimeAsync(200);
-    expect(await lost).toMatchObject({ reason: 'lease-expired' });
-    expect((lock.signal.reason as LockLostError).reason).toBe('lease-expired');
+    const event = (await lost) as LockEvent & { type: 'lost' };
+    expect(event).toMatchObject({ reason: 'lease-expired' });
+    // Held from its grant to its lease's end, on the fake clock: the event and the error say so.
+    expect(event.heldMs).toBeGreaterThan(4_900);
+    expect(event.heldMs).toBeLessThan(5_100);
+    const error = lock.signal.reason as LockLostError;
+    expect(error).toMatchObject({ reason: 'lease-expired', heldMs: event.heldMs });
+    expect(error.message).toMatch(/^Lock "fixed" was lost after (49|50)\d\d ms: /);
     const next = await elsewhere(() => locks.tryAcquire('fixed'));
     expect(next).not.toBeNull();
     await next!.release();
   });
 
-  it('reports how long an acquisition waited, on the fake clock', async () => {
+  it('reports how long an acquisition waited, and how long a lock was held, on the fake clock', async () => {
     const holder = await locks.acquire('waited-for');
     const waiting = elsewhere(() => locks.acquire('waited-for', { waitMs: 60_000 }));
     await jest.advanceTimersByTimeAsync(1_500);
@@ -122,7 +128,14 @@ describe("LockTestingModule under Jest's fake timers", () => {
     expect(acquired[1]).toMatchObject({ owner: lock.owner });
     expect((acquired[1] as { waitedMs: number }).waitedMs).toBeGreaterThanOrEqual(1_500);
     expect((acquired[1] as { waitedMs: number }).waitedMs).toBeLessThan(2_000);
+    await jest.advanceTimersByTimeAsync(700);
     await lock.release();
+    const released = events.filter((e) => e.type === 'released' && e.key === 'waited-for') as (LockEvent & { type: 'released' })[];
+    expect(released.map((e) => e.owner)).toEqual([holder.owner, lock.owner]);
+    expect(released[0]!.heldMs).toBeGreaterThanOrEqual(1_500);
+    expect(released[0]!.heldMs).toBeLessThan(2_000);
+    expect(released[1]!.heldMs).toBeGreaterThanOrEqual(700);
+    expect(released[1]!.heldMs).toBeLessThan(1_000);
   });
 
   it('keeps the longer fixed lease when a re-entry asks for a shorter one', async () => {
