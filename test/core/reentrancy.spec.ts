@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Injectable, Module } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import type { Redis } from 'ioredis';
-import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockLostError } from '../../lib/index.js';
+import { LockConfigurationError, LockHandle, Locked, LockModule, LockNotAcquiredError, LockService, type LockEvent, type LockLostError } from '../../lib/index.js';
 import { RedisServer, until } from '../support/redis-server.js';
 import { aborted, CapturingLogger, gate, nextEvent, stall, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
 import { Fixture } from '../support/children.js';
@@ -27,7 +27,11 @@ describe('owners and reentrancy', () => {
 
   it('re-enters inside one context: hold count 2, released only by the outer release', async () => {
     const key = 'reentrant:1';
+    const events: LockEvent[] = [];
+    const watching = app.locks.events$.subscribe((e) => e.key === key && events.push(e));
+    let owner = '';
     await app.locks.run(key, async (outer) => {
+      owner = outer.owner;
       expect(outer.holdCount).toBe(1);
       const inner = await app.locks.acquire(key);
       expect(inner.holdCount).toBe(2);
@@ -39,6 +43,11 @@ describe('owners and reentrancy', () => {
       expect(await app.locks.isLocked(key)).toBe(true);
       expect(await otherContextGetsIt(key)).toBe(false);
     });
+    watching.unsubscribe();
+    // The owner's events say the same (the other context's tries are 'contended'): the inner
+    // acquisition is a re-entry, and each release says how many holds are left.
+    const steps = events.filter((e) => e.owner === owner).map((e) => `${e.type} ${'holdCount' in e ? e.holdCount : ''}`.trim());
+    expect(steps).toEqual(['acquired', 'reentered 2', 'released 1', 'released 0']);
     expect(await app.locks.isLocked(key)).toBe(false);
     expect(await otherContextGetsIt(key)).toBe(true);
   });
@@ -267,8 +276,11 @@ describe('owners and reentrancy', () => {
     const second = await startLockApp({ redis: redis.url });
     try {
       const a = await app.locks.acquire(key, { owner: 'transfer-1' });
+      const reentered = nextEvent(second.locks.events$, 'reentered', (e) => e.key === key);
       const b = await second.locks.acquire(key, { owner: 'transfer-1', waitMs: 0 });
       expect(b.holdCount).toBe(2);
+      // The second process's first hold is a re-entry of the owner's lock, and its events say so.
+      expect(await reentered).toMatchObject({ owner: 'transfer-1', holdCount: 2 });
       await a.release();
       expect(await second.locks.holdCount(key, { owner: 'transfer-1' })).toBe(1);
       await b.release();
