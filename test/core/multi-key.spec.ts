@@ -76,6 +76,20 @@ describe('multi-key locks', () => {
     await group.release();
   });
 
+  it('gives up when waitMs ends, naming the key that blocks it, in its error and its timed-out event', async () => {
+    const blocker = await other.locks.acquire('t:2', { leaseMs: 30_000 });
+    const timedOut = nextEvent(app.locks.events$, 'timed-out', (e) => e.key === 't:2');
+    const failure = (await app.locks.acquire(['t:1', 't:2'], { waitMs: 300 }).catch((e: unknown) => e)) as LockNotAcquiredError;
+    expect(failure).toBeInstanceOf(LockNotAcquiredError);
+    expect(failure).toMatchObject({ key: 't:2', reason: 'timeout' });
+    expect(failure.waitedMs).toBeGreaterThanOrEqual(300);
+    const event = await timedOut;
+    expect(event.waitedMs).toBeGreaterThanOrEqual(300);
+    expect(event.waitedMs).toBeLessThanOrEqual(failure.waitedMs); // measured just before the error
+    expect(await held('t:1')).toBe(0);
+    await blocker.release();
+  });
+
   it('follows the key that blocks it: a waiter blocked by one key, then by another, takes the group at the second key\'s release', async () => {
     const first = await other.locks.acquire('f:1');
     const second = await other.locks.acquire('f:2', { leaseMs: 30_000 });

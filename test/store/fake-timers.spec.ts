@@ -81,7 +81,7 @@ describe("LockTestingModule under Jest's fake timers", () => {
     expect(events).toContainEqual(expect.objectContaining({ type: 'lost', key: 'jumped', reason: 'lease-expired' }));
   });
 
-  it('ends a wait after waitMs of fake time with LockNotAcquiredError', async () => {
+  it('ends a wait after waitMs of fake time with LockNotAcquiredError and a timed-out event', async () => {
     const holder = await locks.acquire('waited');
     let outcome: unknown;
     const waiting = elsewhere(() => locks.acquire('waited', { waitMs: 2_000 })).then(
@@ -94,6 +94,11 @@ describe("LockTestingModule under Jest's fake timers", () => {
     await waiting;
     expect(outcome).toBeInstanceOf(LockNotAcquiredError);
     expect((outcome as LockNotAcquiredError).reason).toBe('timeout');
+    // Its timed-out event says how long it waited, as the error does: waitMs of fake time.
+    const waitedMs = (outcome as LockNotAcquiredError).waitedMs;
+    expect(waitedMs).toBeGreaterThanOrEqual(2_000);
+    expect(waitedMs).toBeLessThan(2_100);
+    expect(events.filter((e) => e.type === 'timed-out')).toEqual([{ type: 'timed-out', key: 'waited', owner: expect.any(String), waitedMs }]);
     await holder.release();
   });
 
