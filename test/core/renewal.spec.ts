@@ -290,6 +290,30 @@ describe('Redis failures mid-hold', () => {
     await again.release();
     expect(await app.locks.isLocked('frozen:1')).toBe(false);
   });
+
+  it('retries a renewal that Redis refused within the lease, and keeps the lock once one goes through: renew-failed, then renewed', async () => {
+    const key = 'refused:renewal';
+    const raw = redis.client();
+    await raw.call('ACL', 'SETUSER', 'renewer', 'on', '>renewer-password', '~*', '&*', '+@all');
+    // A 3 s lease: renewed after 1 s, a failed renewal retried every 300 ms until the lease ends.
+    const renewing = await startLockApp({ redis: `redis://renewer:renewer-password@127.0.0.1:${redis.port}`, leaseMs: 3_000 });
+    try {
+      const lock = await renewing.locks.acquire(key);
+      const failed = nextEvent(renewing.locks.events$, 'renew-failed', (e) => e.key === key, 5_000);
+      // The user may no longer run scripts: the renewal's EVALSHA is refused.
+      await raw.call('ACL', 'SETUSER', 'renewer', '-@scripting');
+      expect(String((await failed).error)).toMatch(/NOPERM/);
+      expect(renewing.logger.at('debug')).toContainEqual(expect.stringMatching(/^renewal of 1 lock\(s\) failed, retrying until their leases end: .*NOPERM/));
+      const renewed = nextEvent(renewing.locks.events$, 'renewed', (e) => e.key === key, 5_000);
+      await raw.call('ACL', 'SETUSER', 'renewer', '+@scripting');
+      expect(await renewed).toMatchObject({ leaseMs: 3_000 });
+      expect(lock.isHeld).toBe(true);
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(2_000);
+      await lock.release();
+    } finally {
+      await renewing.close();
+    }
+  });
 });
 
 /**
