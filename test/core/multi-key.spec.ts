@@ -76,8 +76,9 @@ describe('multi-key locks', () => {
     await group.release();
   });
 
-  it('gives up when waitMs ends, naming the key that blocks it, in its error and its timed-out event', async () => {
+  it('gives up when waitMs ends, naming the key that blocks it, in its error and its contended and timed-out events', async () => {
     const blocker = await other.locks.acquire('t:2', { leaseMs: 30_000 });
+    const contended = nextEvent(app.locks.events$, 'contended', (e) => e.key === 't:2');
     const timedOut = nextEvent(app.locks.events$, 'timed-out', (e) => e.key === 't:2');
     const failure = (await app.locks.acquire(['t:1', 't:2'], { waitMs: 300 }).catch((e: unknown) => e)) as LockNotAcquiredError;
     expect(failure).toBeInstanceOf(LockNotAcquiredError);
@@ -86,6 +87,10 @@ describe('multi-key locks', () => {
     const event = await timedOut;
     expect(event.waitedMs).toBeGreaterThanOrEqual(300);
     expect(event.waitedMs).toBeLessThanOrEqual(failure.waitedMs); // measured just before the error
+    // Its contended event named the same key, and when to try again: the blocker's lease left.
+    const { retryAfterMs } = await contended;
+    expect(retryAfterMs).toBeGreaterThan(29_000);
+    expect(retryAfterMs).toBeLessThanOrEqual(30_000);
     expect(await held('t:1')).toBe(0);
     await blocker.release();
   });
