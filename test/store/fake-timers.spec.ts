@@ -3,7 +3,7 @@ import { Injectable } from '@nestjs/common';
 import { Cron, ScheduleModule } from '@nestjs/schedule';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, type Subscription } from 'rxjs';
-import { Locked, LockBackendError, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent } from '../../lib/index.js';
+import { Locked, LockBackendError, LockLostError, LockNotAcquiredError, LockService, LockTestingModule, type LockEvent, type LockLostEvent, type LockReleasedEvent } from '../../lib/index.js';
 import { bootstrapFailure, CapturingLogger, elsewhere, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, replicaAcknowledges, until } from '../support/redis-server.js';
 
@@ -104,11 +104,11 @@ describe("LockTestingModule under Jest's fake timers", () => {
 
   it('ends a fixed lease after leaseMs of fake time: the holder is told, another owner takes the key', async () => {
     const lock = await locks.acquire('fixed', { leaseMs: 5_000 });
-    const lost = new Promise<LockEvent>((resolve) => locks.events$.pipe(filter((e) => e.type === 'lost' && e.key === 'fixed')).subscribe(resolve));
+    const lost = new Promise<LockLostEvent>((resolve) => locks.events$.pipe(filter((e): e is LockLostEvent => e.type === 'lost' && e.key === 'fixed')).subscribe(resolve));
     await jest.advanceTimersByTimeAsync(4_900);
     expect(lock.isHeld).toBe(true);
     await jest.advanceTimersByTimeAsync(200);
-    const event = (await lost) as LockEvent & { type: 'lost' };
+    const event = await lost;
     expect(event).toMatchObject({ reason: 'lease-expired' });
     // Held from its grant to its lease's end, on the fake clock: the event and the error say so.
     expect(event.heldMs).toBeGreaterThan(4_900);
@@ -135,7 +135,7 @@ describe("LockTestingModule under Jest's fake timers", () => {
     expect((acquired[1] as { waitedMs: number }).waitedMs).toBeLessThan(2_000);
     await jest.advanceTimersByTimeAsync(700);
     await lock.release();
-    const released = events.filter((e) => e.type === 'released' && e.key === 'waited-for') as (LockEvent & { type: 'released' })[];
+    const released = events.filter((e): e is LockReleasedEvent => e.type === 'released' && e.key === 'waited-for');
     expect(released.map((e) => e.owner)).toEqual([holder.owner, lock.owner]);
     expect(released[0]!.heldMs).toBeGreaterThanOrEqual(1_500);
     expect(released[0]!.heldMs).toBeLessThan(2_000);
