@@ -37,7 +37,10 @@ export interface LockRenewedEvent extends LockEventBase {
   type: 'renewed';
   leaseMs: number;
 }
-/** A renewal failed; it is retried until the lease deadline. */
+/**
+ * A renewal failed (it is retried until the lease deadline), or has had no answer for the module's
+ * `stepTimeoutMs` (a `LockBackendError` saying so; it is still waited for until the lease deadline).
+ */
 export interface LockRenewFailedEvent extends LockEventBase {
   type: 'renew-failed';
   error: unknown;

@@ -140,7 +140,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (!this.events.observed) return;
         for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
       },
-    }, this.time);
+      renewUnanswered: (locks, afterMs) => {
+        const error = new LockBackendError('renewal', locks.length === 1 ? locks[0].key : undefined, new AttemptTimeout(afterMs));
+        this.logger.debug(`renewal of ${locks.length} lock(s) has had no answer for ${afterMs} ms, still waiting for it until their leases end`);
+        if (!this.events.observed) return;
+        for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
+      },
+    }, this.time, this.store.boundsSteps ? undefined : this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
   }
 
   /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */

@@ -25,6 +25,11 @@ export interface WatchdogHooks {
   lost(lock: HeldLock, reason: 'lease-expired' | 'taken'): void;
   /** A renewal call failed; the locks will be retried until their deadlines. */
   renewFailed(locks: readonly HeldLock[], error: unknown): void;
+  /**
+   * A renewal call has had no answer for `unansweredAfterMs` (Redis frozen, or cut off with no
+   * reset); these locks are still watched. The call is still waited for, until their deadlines.
+   */
+  renewUnanswered(locks: readonly HeldLock[], afterMs: number): void;
 }
 
 /**
@@ -36,8 +41,10 @@ export interface WatchdogHooks {
  * succeeds or fails on its own, so a master that is down costs only the locks it serves.
  *
  * A failed renewal is retried (every tenth of the lease, at most every second) until the lock's
- * deadline passes on the monotonic clock; then the lock is lost. A fixed-lease lock is never
- * renewed, only watched for its deadline.
+ * deadline passes on the monotonic clock; then the lock is lost. A renewal with no answer after
+ * `unansweredAfterMs` is reported (renewUnanswered) and still waited for, not sent again: its
+ * answer, should it come within the lease, renews the lock. A fixed-lease lock is never renewed,
+ * only watched for its deadline.
  */
 export class Watchdog {
   private readonly locks = new Set<HeldLock>();
@@ -49,6 +56,8 @@ export class Watchdog {
     private readonly hooks: WatchdogHooks,
     /** The clock of the locks' deadlines and the timer that waits for them (LockStore.time). */
     private readonly time: Time = realTime,
+    /** When a renewal with no answer yet is reported; undefined: a store that bounds its own steps (Redlock's renewals fail in time). */
+    private readonly unansweredAfterMs?: number,
   ) {}
 
   get size(): number {
@@ -135,8 +144,21 @@ export class Watchdog {
   }
 
   private renewGroup(due: HeldLock[], start: number): void {
+    const afterMs = this.unansweredAfterMs;
+    const unanswered =
+      afterMs === undefined
+        ? undefined
+        : this.time.setTimeout(() => {
+            const watched = due.filter((lock) => this.locks.has(lock));
+            if (watched.length > 0) this.hooks.renewUnanswered(watched, afterMs);
+          }, afterMs);
+    unanswered?.unref();
+    const answered = () => {
+      if (unanswered) this.time.clearTimeout(unanswered);
+    };
     this.hooks.renew(due).then(
       (results) => {
+        answered();
         const renewed: HeldLock[] = [];
         due.forEach((lock, i) => {
           lock.renewing = false;
@@ -153,6 +175,7 @@ export class Watchdog {
         this.reschedule();
       },
       (error: unknown) => {
+        answered();
         const t = this.time.now();
         for (const lock of due) {
           lock.renewing = false;

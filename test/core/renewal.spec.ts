@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { performance } from 'node:perf_hooks';
 import { filter, first, firstValueFrom, map, throwError, timeout } from 'rxjs';
-import { LockLostError } from '../../lib/index.js';
+import { LockBackendError, LockLostError } from '../../lib/index.js';
 import type { LockStore } from '../../lib/store/lock-store.js';
 import { RedisServer, scriptCalls, tcpProxy, until } from '../support/redis-server.js';
 import { aborted, nextEvent, nextEvents, stall, stallAfterSending, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
@@ -289,6 +289,34 @@ describe('Redis failures mid-hold', () => {
     const again = await app.locks.acquire('frozen:1', { waitMs: 10_000 });
     await again.release();
     expect(await app.locks.isLocked('frozen:1')).toBe(false);
+  });
+
+  it('reports a renewal that Redis does not answer within stepTimeoutMs (renew-failed), keeps waiting for it, and keeps the lock when the answer comes within the lease', async () => {
+    const key = 'unanswered:renewal';
+    // A 3 s lease: its renewal leaves after 1 s and is reported at 2 s (the default stepTimeoutMs),
+    // a second before the lease ends.
+    const lock = await app.locks.acquire(key, { leaseMs: 3_000, watchdog: true });
+    const failed = nextEvent(app.locks.events$, 'renew-failed', (e) => e.key === key, 5_000);
+    const renewed = nextEvent(app.locks.events$, 'renewed', (e) => e.key === key, 5_000);
+    // Handled here, awaited below: a failed assertion before then must not leave it unhandled.
+    failed.catch(() => undefined);
+    renewed.catch(() => undefined);
+    redis.pause();
+    let error: unknown;
+    try {
+      ({ error } = await failed);
+      expect(lock.isHeld).toBe(true);
+    } finally {
+      redis.resume();
+    }
+    expect(error).toBeInstanceOf(LockBackendError);
+    expect((error as Error).message).toMatch(/^Redis failed during renewal of "unanswered:renewal": no answer within 1000 ms\./);
+    expect(app.logger.at('debug')).toContainEqual('renewal of 1 lock(s) has had no answer for 1000 ms, still waiting for it until their leases end');
+    // The renewal sent before the freeze is answered now: no second one was needed.
+    expect(await renewed).toMatchObject({ leaseMs: 3_000 });
+    expect(lock.isHeld).toBe(true);
+    expect(await redis.client().pttl(`lock:{${key}}`)).toBeGreaterThan(2_000);
+    await lock.release();
   });
 
   it('retries a renewal that Redis refused within the lease, and keeps the lock once one goes through: renew-failed, then renewed', async () => {

@@ -67,6 +67,7 @@ function recorder() {
   const renewed: string[][] = [];
   const lost: [string, string][] = [];
   const failed: string[][] = [];
+  const unanswered: [string[], number][] = [];
   const hooks: WatchdogHooks = {
     renew: (locks) =>
       new Promise<boolean[]>((answer, fail) => {
@@ -76,8 +77,9 @@ function recorder() {
     renewed: (locks) => void renewed.push(locks.map((l) => l.key)),
     lost: (lock, reason) => void lost.push([lock.key, reason]),
     renewFailed: (locks) => void failed.push(locks.map((l) => l.key)),
+    renewUnanswered: (locks, afterMs) => void unanswered.push([locks.map((l) => l.key), afterMs]),
   };
-  return { hooks, renewals, renewed, lost, failed };
+  return { hooks, renewals, renewed, lost, failed, unanswered };
 }
 
 /** A lock with a `leaseMs` lease from `start`, renewed by the watchdog unless `watchdog` is false. */
@@ -189,5 +191,57 @@ describe('Watchdog', () => {
     expect(lost).toEqual([]);
     // Its lease as it was before the renewal: a released lock's record is not updated.
     expect(kept.deadline).toBe(30_000);
+  });
+
+  it('reports a renewal with no answer after unansweredAfterMs, once, for the locks still watched, and waits for it rather than sending another', async () => {
+    const time = new ManualTime();
+    const { hooks, renewals, renewed, failed, unanswered } = recorder();
+    const watchdog = new Watchdog(hooks, time, 1_000);
+    const [a, b] = [lock(time, 'a', 30_000), lock(time, 'b', 30_000)] as [HeldLock, HeldLock];
+    watchdog.add(a);
+    watchdog.add(b);
+    time.advance(10_500);
+    watchdog.remove(b);
+    time.advance(10_999);
+    expect(unanswered).toEqual([]);
+    time.advance(11_000);
+    expect(unanswered).toEqual([[['a'], 1_000]]);
+    expect(time.timers.every((timer) => timer.unrefed)).toBe(true);
+    // No second renewal while the first is unanswered, and no second report; its late answer, within
+    // the lease, renews the lock from when it was sent.
+    time.advance(20_000);
+    expect(renewals).toHaveLength(1);
+    expect(unanswered).toHaveLength(1);
+    renewals[0]!.answer([true]);
+    await settle();
+    expect(renewed).toEqual([['a']]);
+    expect(a.deadline).toBe(40_000);
+    // Answered, or failed, within the bound: nothing reported as unanswered.
+    time.advance(20_000);
+    expect(renewals).toHaveLength(2);
+    renewals[1]!.answer([true]);
+    await settle();
+    time.advance(30_000);
+    expect(renewals).toHaveLength(3);
+    renewals[2]!.fail(new Error('down'));
+    await settle();
+    time.advance(31_000);
+    expect(failed).toEqual([['a']]);
+    expect(unanswered).toHaveLength(1);
+    watchdog.stop();
+  });
+
+  it('reports no unanswered renewal of locks lost or released before the bound', async () => {
+    const time = new ManualTime();
+    const { hooks, renewals, lost, unanswered } = recorder();
+    const watchdog = new Watchdog(hooks, time, 5_000);
+    const held = lock(time, 'short', 3_000);
+    watchdog.add(held);
+    time.advance(1_000);
+    expect(renewals).toHaveLength(1);
+    time.advance(10_000);
+    expect(lost).toEqual([['short', 'lease-expired']]);
+    expect(unanswered).toEqual([]);
+    watchdog.stop();
   });
 });
