@@ -11,11 +11,14 @@ import { promisify } from 'node:util';
 import { repoRoot } from '../support/paths.js';
 import { until } from '../support/redis-server.js';
 
-/** Whether process `pid` exists (a zombie not yet reaped counts). */
-function alive(pid: number): boolean {
+/**
+ * Whether process `pid` runs: it exists and is not a zombie (an orphan killed on these machines stays
+ * one: their init does not reap orphans).
+ */
+function running(pid: number): boolean {
   try {
-    process.kill(pid, 0);
-    return true;
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
   } catch {
     return false;
   }
@@ -86,16 +89,18 @@ describe('the suite fails a test on', () => {
     expect((await result('(file)'))?.message).toContain('guard fixture: rejected after the last test');
   });
 
-  it('a fixture or a redis-server still running after the last test: the file fails, and they are killed', async () => {
+  it('a fixture, a redis-server or a process group still running after the last test: the file fails, and they are killed', async () => {
     const message = (await result('(file)'))?.message ?? '';
-    const [fixture, server] = readFileSync(pidsFile, 'utf8').split(' ').map(Number) as [number, number];
+    const [fixture, server, group, sleep] = readFileSync(pidsFile, 'utf8').split(' ').map(Number) as [number, number, number, number];
     try {
       expect(message).toContain(`fixture warning-child (pid ${fixture}) was still running after the file's last test and afterAll hooks: stop it there`);
       expect(message).toMatch(new RegExp(`redis-server on port \\d+ \\(pid ${server}\\) was still running after the file's last test and afterAll hooks: stop it there`));
+      // Its leader had exited; the group's other process had not.
+      expect(message).toContain(`command sh (process group ${group}) was still running after the file's last test and afterAll hooks: stop it there`);
       // Killed when the file failed for them; gone once their parent, the Jest run, ended.
-      for (const pid of [fixture, server]) await until(async () => !alive(pid), 5_000, `process ${pid} gone`);
+      for (const pid of [fixture, server, sleep]) await until(async () => !running(pid), 5_000, `process ${pid} gone`);
     } finally {
-      for (const pid of [fixture, server]) if (alive(pid)) process.kill(pid, 'SIGKILL');
+      for (const pid of [fixture, server, sleep]) if (running(pid)) process.kill(pid, 'SIGKILL');
     }
   });
 

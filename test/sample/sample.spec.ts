@@ -6,6 +6,7 @@ import { NestFactory } from '@nestjs/core';
 import { LockService } from '../../lib/index.js';
 import { CapturingLogger, listening, nextEvent } from '../support/lock-testing.js';
 import { RedisServer } from '../support/redis-server.js';
+import { track } from '../support/children.js';
 import { repoRoot } from '../support/paths.js';
 
 // The demo's job fires every 5 s; every second here, set before the sample is loaded.
@@ -152,6 +153,7 @@ class Command {
   /** `command` is this Node by default (the Node the suite runs on), or a command found on PATH. */
   constructor(args: string[], env: Record<string, string>, command = process.execPath) {
     this.child = spawn(command, args, { cwd: repoRoot, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    track(this.child, `command ${[command === process.execPath ? 'node' : command, ...args].join(' ')}`, { group: true });
     const read = (chunk: Buffer) => {
       this.output += chunk.toString();
       for (const wait of [...this.waits]) {

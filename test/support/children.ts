@@ -16,31 +16,50 @@ export interface FixtureMessage {
 const FIXTURE_STDERR = '__nestjsLockedFixtureStderr'; // jest-environment.mjs reads it by this name
 
 /**
- * Where a test file's child processes (fixtures, redis-servers, sentinels) are registered, on its
- * global, with what each one is: test/support/jest-environment.mjs fails the file for each one still
- * running after its last test and afterAll hooks, and kills it. A listener on `process` would not
- * do: a test file's `process` is Jest's copy of it, whose 'exit' never comes.
+ * Where a test file's child processes (fixtures, redis-servers, sentinels, the sample's commands) are
+ * registered, on its global, with what each one is: test/support/jest-environment.mjs fails the file
+ * for each one still running after its last test and afterAll hooks, and kills it. A listener on
+ * `process` would not do: a test file's `process` is Jest's copy of it, whose 'exit' never comes.
  */
 const CHILDREN = '__nestjsLockedChildren'; // jest-environment.mjs keeps it by this name
 
 /**
- * Registers `child` (described as `what`) until it exits: in a test file, with the test
- * environment; elsewhere (the benchmarks), with this process, which kills it when it exits or is
- * told to end by SIGTERM or SIGINT.
+ * A registered child: what it is, and whether it leads a process group of its own (spawned with
+ * `detached`), whose every member counts as it and is killed with it. jest-environment.mjs reads
+ * these two fields.
  */
-export function track(child: ChildProcess, what: string): void {
-  const registry = ((globalThis as Record<string, unknown>)[CHILDREN] as Map<ChildProcess, string> | undefined) ?? outsideJest();
-  registry.set(child, what);
-  child.once('exit', () => registry.delete(child));
+interface Tracked {
+  what: string;
+  group: boolean;
 }
 
-let untracked: Map<ChildProcess, string> | undefined;
+/**
+ * Registers `child` (described as `what`) until it exits, or with `group` (a child spawned with
+ * `detached`, which leads a process group) until the last process of its group exits: in a test
+ * file, with the test environment; elsewhere (the benchmarks), with this process, which kills them
+ * when it exits or is told to end by SIGTERM or SIGINT.
+ */
+export function track(child: ChildProcess, what: string, { group = false } = {}): void {
+  const registry = ((globalThis as Record<string, unknown>)[CHILDREN] as Map<ChildProcess, Tracked> | undefined) ?? outsideJest();
+  registry.set(child, { what, group });
+  // A group outlives its leader: it stays registered, and whoever reads the registry asks whether the group has a process left.
+  if (!group) child.once('exit', () => registry.delete(child));
+}
+
+let untracked: Map<ChildProcess, Tracked> | undefined;
 /** The children of a process that runs outside Jest, killed with it. */
-function outsideJest(): Map<ChildProcess, string> {
+function outsideJest(): Map<ChildProcess, Tracked> {
   if (untracked) return untracked;
   const children = (untracked = new Map());
   const killAll = () => {
-    for (const child of children.keys()) child.kill('SIGKILL');
+    for (const [child, { group }] of children) {
+      try {
+        if (group) process.kill(-child.pid!, 'SIGKILL');
+        else child.kill('SIGKILL');
+      } catch {
+        // the group is gone
+      }
+    }
   };
   process.once('exit', killAll);
   for (const signal of ['SIGTERM', 'SIGINT'] as const) {

@@ -6,12 +6,14 @@
 // - MaxListenersExceededWarning: listeners piling up on one emitter or AbortSignal, the sign of a
 //   leak.
 // The same warnings printed by a fixture process (test/support/children.ts) fail the test during
-// which it exited. And a child process that the file started (a fixture, a redis-server) and left
-// running after its last test and afterAll hooks fails the file, and is killed.
+// which it exited. And a child process that the file started (a fixture, a redis-server), or a
+// process of a group it started (the sample's commands), left running after its last test and
+// afterAll hooks fails the file, and is killed.
 // It listens on the real `process`: a test file's `process` is a copy of it (jest-util's
 // createProcessObject) whose listeners never hear what the real one emits. Unhandled rejections and
 // uncaught exceptions need nothing here: jest-circus fails the test they happen in
 // (test/harness/jest-environment.spec.ts checks all four).
+import { readdirSync, readFileSync } from 'node:fs';
 import { TestEnvironment } from 'jest-environment-node';
 
 const FAILING_WARNINGS = new Set(['DeprecationWarning', 'MaxListenersExceededWarning']);
@@ -25,10 +27,13 @@ export default class GuardedEnvironment extends TestEnvironment {
     if (FAILING_WARNINGS.has(warning.name)) this.warnings.push(warning);
   };
 
-  /** The file's child processes still running, with what each is (test/support/children.ts's `track` registers them). */
+  /**
+   * The file's child processes still running, with what each is and whether it leads a process group
+   * of its own, which stays here after its leader exits (test/support/children.ts's `track` registers them).
+   */
   children = new Map();
   killChildren = () => {
-    for (const child of this.children.keys()) child.kill('SIGKILL');
+    for (const [child, { group }] of this.children) kill(child, group);
   };
 
   async setup() {
@@ -57,9 +62,12 @@ export default class GuardedEnvironment extends TestEnvironment {
       if (line) failures.push(new Error(`fixture ${fixture} printed: ${line[0]}`));
     }
     if (event.name !== 'run_finish') return;
-    for (const [child, what] of this.children) {
-      failures.push(new Error(`${what} (pid ${child.pid}) was still running after the file's last test and afterAll hooks: stop it there`));
-      child.kill('SIGKILL');
+    for (const [child, { what, group }] of this.children) {
+      // A group is looked at once: its number may belong to another group later.
+      if (group) this.children.delete(child);
+      if (group && !groupRunning(child.pid)) continue;
+      failures.push(new Error(`${what} (${group ? 'process group' : 'pid'} ${child.pid}) was still running after the file's last test and afterAll hooks: stop it there`));
+      kill(child, group);
     }
   }
 }
@@ -69,6 +77,45 @@ const CHILDREN = '__nestjsLockedChildren';
 
 /** Where test/support/children.ts hands over the stderr of each fixture process that exited. */
 const FIXTURE_STDERR = '__nestjsLockedFixtureStderr';
+
+/** SIGKILLs `child`, or with `group` every process of the group it leads. */
+function kill(child, group) {
+  try {
+    if (group) process.kill(-child.pid, 'SIGKILL');
+    else child.kill('SIGKILL');
+  } catch {
+    // the group is gone
+  }
+}
+
+/**
+ * Whether the process group `pgid` has a process left that is not a zombie. A group's processes
+ * outlive its leader as orphans, and the init of these machines does not reap orphans: a killed one
+ * stays a zombie, which `kill(-pgid, 0)` still finds. Read from /proc (Linux); elsewhere, that.
+ */
+function groupRunning(pgid) {
+  let pids;
+  try {
+    pids = readdirSync('/proc').filter((name) => /^\d+$/.test(name));
+  } catch {
+    try {
+      process.kill(-pgid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+  return pids.some((pid) => {
+    try {
+      // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so read after the last ')'.
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const [state, , pgrp] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      return Number(pgrp) === pgid && state !== 'Z';
+    } catch {
+      return false; // gone meanwhile
+    }
+  });
+}
 
 /** A warning as a failure: its name, code and message, and where it was emitted. */
 function asError(warning) {
