@@ -140,6 +140,8 @@ describe('replica confirmation (WAIT)', () => {
       expect(failure.message).toContain('only 0 of 1 required replica(s) acknowledged it within 50 ms; it was given back');
       expect(failure.acknowledged).toBe(0);
       expect(await lonely.client().exists('lock:{r:unconfirmed}')).toBe(0);
+      // The give-back waited for the replicas too (a release), and noted that none acknowledged it.
+      expect(app.logger.at('debug')).toContainEqual('release of "r:unconfirmed": 0 of 1 replica(s) acknowledged within 50 ms');
     } finally {
       await app.close();
     }
@@ -148,10 +150,16 @@ describe('replica confirmation (WAIT)', () => {
   it("keeps an unconfirmed acquisition with onUnconfirmedAcquire: 'keep', with a warning", async () => {
     const app = await startLockApp({ redis: lonely.url, replication: { replicas: 1, timeoutMs: 50, onUnconfirmedAcquire: 'keep' } });
     try {
-      const lock = await app.locks.acquire('r:kept');
+      // A 600 ms lease renewed by the watchdog every 200 ms.
+      const lock = await app.locks.acquire('r:kept', { leaseMs: 600, watchdog: true });
       expect(await lonely.client().hget('lock:{r:kept}', lock.owner)).toBe('1');
       expect(app.logger.at('warn').filter((m) => m.includes('r:kept') && m.includes('0 of 1 replica(s)'))).toHaveLength(1);
+      // A renewal waits for the replicas too; a shortfall is noted at debug, and the renewal stands.
+      await nextEvent(app.locks.events$, 'renewed', (e) => e.key === 'r:kept');
+      expect(app.logger.at('debug')).toContainEqual('renewal of 1 lock(s): 0 of 1 replica(s) acknowledged within 50 ms');
+      expect(lock.isHeld).toBe(true);
       await lock.release();
+      expect(app.logger.at('debug')).toContainEqual('release of "r:kept": 0 of 1 replica(s) acknowledged within 50 ms');
     } finally {
       await app.close();
     }
