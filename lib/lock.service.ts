@@ -146,7 +146,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
         if (!this.events.observed) return;
         for (const l of locks) this.emit({ type: 'renew-failed', key: l.key, owner: l.owner, error });
       },
-    }, this.time, this.store.boundsSteps ? undefined : this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
+    }, this.time, this.store.boundsSteps ? undefined : this.stepLimitMs());
   }
 
   /** Nest lifecycle hook: waits for Redis at bootstrap (see `connectTimeoutMs`). Call it yourself only when you create the service without Nest. */
@@ -814,7 +814,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     deadline: number,
     giveBack: (late: R) => unknown,
   ): Promise<R> {
-    const limit = Math.max(deadline - start, this.options.stepTimeoutMs + (this.store.confirmMs ?? 0));
+    const limit = Math.max(deadline - start, this.stepLimitMs());
     let abandoned = false;
     let request: Promise<R>;
     if (typeof send !== 'function') request = send;
@@ -1231,8 +1231,13 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private step<T>(request: Promise<T>): Promise<T> {
     if (this.store.boundsSteps) return request;
-    const limit = this.options.stepTimeoutMs + (this.store.confirmMs ?? 0);
+    const limit = this.stepLimitMs();
     return withTimeout(request, limit, () => new AttemptTimeout(limit), this.time);
+  }
+
+  /** How long a step waits for Redis: the module's stepTimeoutMs plus the store's confirmMs (its wait for replicas). */
+  private stepLimitMs(): number {
+    return this.options.stepTimeoutMs + (this.store.confirmMs ?? 0);
   }
 
   private emit(event: LockEvent): void {
