@@ -697,8 +697,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    * A fair release handed the lock to this waiter (no round trip of ours). Redis set the handover
    * lease at the release, which came after the start of our latest attempt (`attemptStart`): the
    * lease is counted from there. A grant already past that lease (this process was paused) is
-   * given back (the hold the handover gave, and its mark, which names `watch`'s wait: another
-   * process's holds under a shared owner token stay) and undefined returned, so the caller tries
+   * given back (the hold the handover gave, and its mark, which names `watch`'s wait: the holds
+   * other tasks or processes took under the same owner token stay) and undefined returned, so the caller tries
    * again. A fixed lease (no watchdog) longer than the handover lease is set in Redis before the
    * lock is handed out.
    */
@@ -706,8 +706,8 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
     const handoverMs = this.handoverLeaseMs(o);
     const result = { granted: true as const, holdCount: 1, fencingToken: watch.grantedToken! };
     if (this.time.now() >= attemptStart + handoverMs - this.drift(handoverMs)) {
-      // Never touch a hold this process has for the owner (another task of the same context).
-      if (!this.holdsHere(context.owner, key, o.mode)) await this.abandon(key, context.owner, o, watch.waitId);
+      // Only the hold the handover gave goes: those other tasks of the owner took stay theirs.
+      await this.abandon(key, context.owner, o, watch.waitId);
       return undefined;
     }
     if (o.watchdog || handoverMs >= o.leaseMs) return this.granted(key, context, o, result, attemptStart, started, handoverMs);
@@ -754,7 +754,6 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
             fair: true,
             queueTimeoutMs: this.options.fairQueueTimeoutMs,
             handoverLeaseMs: this.handoverLeaseMs(o),
-            heldLocally: this.holdsHere(owner, key, o.mode),
             waitId,
             holdsHere: this.countHolds,
           }
@@ -1144,7 +1143,7 @@ export class LockService implements OnModuleInit, OnApplicationBootstrap, OnAppl
    */
   private async abandon(key: string, owner: string, o: ResolvedLockOptions, waitId?: string): Promise<void> {
     if (!o.fair && o.mode !== 'write') return;
-    await this.step(this.store.abandon(key, owner, o.mode, o.fair, this.holdsHere(owner, key, o.mode), waitId)).catch(() => undefined);
+    await this.step(this.store.abandon(key, owner, o.mode, o.fair, waitId)).catch(() => undefined);
   }
 
   /**

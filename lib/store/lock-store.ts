@@ -67,10 +67,10 @@ export interface LockStore {
   /**
    * A waiter gave up: takes `owner` out of the fair queue of `key` (handing a free lock to the next
    * waiter) and, for a writer, out of the waiting writers. A lock handed to the wait `waitId` of
-   * `owner` (its ReleaseWatch's; none before it watched the key) and not taken over is given back,
-   * one hold, unless `heldLocally` (the caller's process holds it for `owner`).
+   * `owner` (its ReleaseWatch's; none before it watched the key) and not taken over is given back:
+   * the one hold the handover gave (other holds of `owner`, taken meanwhile, stay).
    */
-  abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally?: boolean, waitId?: string): Promise<void>;
+  abandon(key: string, owner: string, mode: LockMode, fair: boolean, waitId?: string): Promise<void>;
 
   /**
    * Starts watching `key` for releases, for a wait of `owner` (fair mode wakes owners by name). The
@@ -128,11 +128,10 @@ export interface AcquireRequest {
   /** Fair mode: the lease a release hands this owner the lock with (default min(leaseMs, queueTimeoutMs)). */
   handoverLeaseMs?: number;
   /**
-   * Fair mode: the caller's process holds this lock for `owner`. When it does not, a lock that was
-   * handed to `owner` while it waited is returned as a fresh grant instead of a re-entry.
+   * Fair mode: the caller's `ReleaseWatch.waitId`, once it watches the key. A lock a release handed
+   * to this wait, and not taken over yet, is returned as a grant of the hold the handover gave
+   * instead of a re-entry (other holds of `owner`, taken meanwhile, stay theirs).
    */
-  heldLocally?: boolean;
-  /** Fair mode: the caller's `ReleaseWatch.waitId`, once it watches the key. */
   waitId?: string;
   /** See `HoldsHere`: asked once the reply is in, before this acquisition is counted. */
   holdsHere?: HoldsHere;

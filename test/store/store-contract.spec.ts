@@ -77,7 +77,7 @@ describe.each(['redis', 'memory'] as const)('store steps on the %s store', (kind
     expect(await bWoke).toBe(headWakes);
     // B gives up without taking the lock: it goes to C, who is woken.
     b.close();
-    await store.abandon(key, 'B', 'exclusive', true, false, b.waitId);
+    await store.abandon(key, 'B', 'exclusive', true, b.waitId);
     expect(await cWoke).toBe(headWakes);
     expect(await store.acquire({ key, owner: 'C', ...fair, waitId: c.waitId })).toMatchObject({ granted: true, holdCount: 1 });
     c.close();

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
-import type { LockEvent } from '../../lib/index.js';
+import type { LockEvent, LockHandle } from '../../lib/index.js';
 import { lockEachWay, nextEvent, startLockApp, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, subscribers, until } from '../support/redis-server.js';
 
@@ -91,6 +91,63 @@ describe('a Redis ACL user without the lock channels', () => {
     } finally {
       await waiters.close();
     }
+  });
+
+  /**
+   * A fair lock handed to a waiter (of a process whose user may subscribe) that missed its
+   * "granted" message (the releaser's user may not publish), and then re-entered by another task of
+   * the waiter's process under the same owner token: `fn` gets the waiter and the other task's handle.
+   */
+  async function handedWhileAnotherTaskHolds(key: string, owner: string, leaseMs: number, fn: (waiting: Promise<LockHandle>, other: LockHandle, abort: AbortController) => Promise<void>): Promise<void> {
+    const waiters = await startLockApp({ redis: redis.url });
+    try {
+      await using('nochannels', async (holders) => {
+        const holder = await holders.locks.acquire(key, { fair: true, leaseMs: 60_000 });
+        const abort = new AbortController();
+        // The waiter's lease is the handover lease too: it retries within half of it from its attempt.
+        const waiting = waiters.locks.acquire(key, { fair: true, owner, leaseMs, waitMs: 30_000, signal: abort.signal });
+        waiting.catch(() => undefined);
+        // Its place names its wait once it attempted after subscribing: the handover's mark names that wait.
+        await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, 'the waiter queued with its wait id');
+        await holder.release();
+        expect(await raw.hget(`lock:{${key}}`, ':handed')).toMatch(new RegExp(`^\\S+ ${owner}$`));
+        const other = await waiters.locks.acquire(key, { fair: true, owner, waitMs: 0 });
+        expect(other.holdCount).toBe(2);
+        await fn(waiting, other, abort);
+      });
+    } finally {
+      await waiters.close();
+    }
+  }
+
+  it('lets a fair waiter that missed its "granted" message take the grant as its own on its retry when another task of its process re-entered under the same owner token: releasing both frees the key', async () => {
+    const key = 'acl:shared-owner';
+    const owner = 'shared token';
+    await handedWhileAnotherTaskHolds(key, owner, 2_000, async (waiting, other) => {
+      const lock = await waiting;
+      // The waiter took the handed hold as its own: two holds, two tasks.
+      expect(lock.holdCount).toBe(2);
+      expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [owner]: '2' });
+      // Its 2 s lease did not cut the other task's (30 s, the default).
+      expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(20_000);
+      await other.release();
+      await lock.release();
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
+  });
+
+  it('lets a fair waiter that missed its "granted" message and is aborted give back the handed hold when another task of its process re-entered under the same owner token', async () => {
+    const key = 'acl:shared-owner-aborted';
+    const owner = 'shared token';
+    // A 60 s lease: the waiter's retry (30 s after its attempt) does not come before its abort.
+    await handedWhileAnotherTaskHolds(key, owner, 60_000, async (waiting, other, abort) => {
+      abort.abort(new Error('gave up'));
+      await expect(waiting).rejects.toThrow('gave up');
+      // The hold the handover gave went with its mark; the other task's stays.
+      expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [owner]: '1' });
+      await other.release();
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    });
   });
 
   it('lets a waiter whose SUBSCRIBE is refused warn, and take the lock by its own retry within the holder\'s lease', async () => {

@@ -626,10 +626,10 @@ describe('fair mode', () => {
       await raw.zadd(`lock:{${key}}:queue:timeouts`, Date.now() + 60_000, 'ghost');
       await holder.release(); // hands the lock to 'ghost', which nobody answers
       expect(await raw.hget(`lock:{${key}}`, ':handed')).toBe(' ghost'); // no wait id registered
-      const store = (patient.locks as unknown as { store: { abandon(k: string, o: string, m: 'exclusive', fair: boolean, heldLocally: boolean): Promise<void> } }).store;
+      const store = (patient.locks as unknown as { store: { abandon(k: string, o: string, m: 'exclusive', fair: boolean): Promise<void> } }).store;
       const leftAt = performance.now();
       // Leaving gives back what was handed to it after it gave up, and the next waiter gets it.
-      await store.abandon(key, 'ghost', 'exclusive', true, false);
+      await store.abandon(key, 'ghost', 'exclusive', true);
       const lock = await second;
       expect(performance.now() - leftAt).toBeLessThan(1_000);
       await lock.release();

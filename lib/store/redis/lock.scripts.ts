@@ -34,8 +34,9 @@
  * round trip. A waiter that missed the message finds `:handed` naming its wait on its next attempt
  * and takes the grant as its own (it does not re-enter); one that gave up meanwhile gives it back
  * when it leaves the queue; one that crashed holds it until that short lease ends. `:handed` goes
- * with the holder's last hold. Naming the wait, not only the owner, keeps the processes of an
- * owner token apart: another process's acquisition under the token re-enters (a hold of its own).
+ * with the holder's last hold. Naming the wait, not only the owner, keeps the acquisitions of an
+ * owner apart: another task or process acquiring under the owner token re-enters (a hold of its
+ * own), and the waiter's attempt, or its leave, still finds the handed hold as its own.
  *
  * Read-write mode: the same hash holds write holds in field `owner` (so a plain exclusive lock and a
  * write lock exclude each other), read holds in field `owner:read`, and `:mode` = `read` while
@@ -121,11 +122,14 @@ end`;
 /**
  * Lua expression: whether the lock was handed to the wait `waitId` of `owner` and not taken over
  * yet. The mark `:handed` is `<wait id> <owner>`: it names the wait whose place the release found,
- * and only that wait takes it as its grant (it may already have, from the message, without a round
- * trip). A place registered before its wait watched the channel has no wait id (mark
- * `' ' .. owner`): no waiter takes such a grant from the message, so the first wait of the owner to
- * ask takes it. Any other acquisition of the owner (a wait of another process under a shared owner
- * token, or a fresh one) re-enters instead, adding a hold of its own. Expects locals lock, owner.
+ * and only that wait takes it as its grant. It may take it from the message, without a round trip
+ * (the mark stays, with the hold, until the owner's last release); a wait that did never sends an
+ * attempt or a leave again, so a mark naming the wait that asks is never taken twice. A place
+ * registered before its wait watched the channel has no wait id (mark `' ' .. owner`): no waiter
+ * takes such a grant from the message, and the first fair acquisition of the owner to ask takes it
+ * (and drops the mark). Any other acquisition of the owner (another wait or task of the caller's
+ * process, a wait of another process under a shared owner token, a fresh one) re-enters instead,
+ * adding a hold of its own, and leaves the mark to the wait it names. Expects locals lock, owner.
  */
 function handedTo(waitId: string): string {
   return `(function(mark) return mark == ${waitId} .. ' ' .. owner or mark == ' ' .. owner end)(redis.call('hget', lock, ':handed'))`;
@@ -204,12 +208,13 @@ return {0, redis.call('pttl', lock)}
  * Fair variant of ACQUIRE: first come, first served across processes.
  * KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] queue timeouts, KEYS[5] queue leases.
  * ARGV[1] owner, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms, ARGV[4] queue timeout in ms,
- * ARGV[5] the lease to be handed the lock with, ARGV[6] `1` when the caller's process holds this
- * lock for the owner (else `0`), ARGV[7] release channel, ARGV[8] publish command, ARGV[9] the
- * caller's wait id ('' before it watches the channel), echoed in the handover message.
- * Returns as ACQUIRE. A lock handed to this wait (see handedTo; the caller's process does not hold
- * it yet) is returned as a fresh grant with the handover's token and the lease reset
- * to ARGV[2]. When refused, the owner is in the queue (or its place refreshed); the reply is {0,
+ * ARGV[5] the lease to be handed the lock with, ARGV[6] release channel, ARGV[7] publish command,
+ * ARGV[8] the caller's wait id ('' before it watches the channel), echoed in the handover message.
+ * Returns as ACQUIRE. A lock handed to this wait and not taken over yet (see handedTo) is returned
+ * as a grant of the hold the handover gave, with the handover's token and the lease lengthened to
+ * ARGV[2] (never shortened: holds taken meanwhile by other acquisitions of the owner, re-entries
+ * that leave the mark, stay theirs with their lease, so the count stays one per hold). When
+ * refused, the owner is in the queue (or its place refreshed); the reply is {0,
  * the holder's remaining lease, the latest fencing token of the key}: a handover message with a
  * token up to that one was issued before this attempt, so it is void. A free lock whose queue has
  * an earlier live waiter is handed to that waiter first.
@@ -218,9 +223,9 @@ export const ACQUIRE_FAIR = `
 local lock, fence, queue, timeouts, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 ${handOver}
-if ARGV[6] == '0' and ${handedTo('ARGV[9]')} then
+if ${handedTo('ARGV[8]')} then
   redis.call('hdel', lock, ':handed')
-  redis.call('pexpire', lock, ARGV[2])
+  if redis.call('pttl', lock) < lease then redis.call('pexpire', lock, ARGV[2]) end
   return {1, tonumber(redis.call('hget', lock, owner)), ${currentToken}}
 end
 ${reenter}
@@ -236,23 +241,23 @@ if redis.call('exists', lock) == 0 then
     end
     ${grantFresh('t')}
   end
-  handOver(t, ARGV[7], ARGV[8], ARGV[3])
+  handOver(t, ARGV[6], ARGV[7], ARGV[3])
 end
 if redis.call('zadd', timeouts, nowMs + queueTimeout, owner) == 1 then redis.call('rpush', queue, owner) end
-redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[9])
+redis.call('hset', leases, owner, ARGV[5] .. ' ' .. ARGV[8])
 for _, k in ipairs({queue, timeouts, leases}) do ${lengthen('k', '2 * queueTimeout')} end
 return {0, redis.call('pttl', lock), ${currentToken}}
 `;
 
 /**
  * Leave the fair queue (a waiter gave up or was aborted, or read its handover too late), and give
- * back a lock handed to this wait and not taken over (see handedTo; the caller's process does not
- * hold it): its mark and the one hold the handover gave, so the holds of the owner's other
- * processes (an owner token shared by processes) stay. A free lock goes to the next live waiter.
+ * back a lock handed to this wait and not taken over (see handedTo): its mark and the one hold the
+ * handover gave, so the holds other acquisitions of the owner took meanwhile (other tasks of the
+ * caller's process, other processes of a shared owner token) stay. A free lock goes to the next
+ * live waiter.
  * KEYS[1] lock hash, KEYS[2] queue (its timeouts and leases are named from it).
- * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] `1` when the caller's process
- * holds this lock for the owner, ARGV[5] fencing counter lifetime in ms (for a lock it hands over),
- * ARGV[6] the caller's wait id ('' before it watched the channel).
+ * ARGV[1] owner, ARGV[2] channel, ARGV[3] publish command, ARGV[4] fencing counter lifetime in ms
+ * (for a lock it hands over), ARGV[5] the caller's wait id ('' before it watched the channel).
  * Returns 1 when the owner was queued, else 0.
  */
 export const LEAVE_QUEUE = `
@@ -263,13 +268,13 @@ if queued then
   redis.call('lrem', queue, 0, owner)
   redis.call('hdel', leases, owner)
 end
-local given = ARGV[4] == '0' and ${handedTo('ARGV[6]')}
+local given = ${handedTo('ARGV[5]')}
 if given then
   redis.call('hdel', lock, ':handed')
   if redis.call('hincrby', lock, owner, -1) <= 0 then redis.call('del', lock) end
 end
 if not queued and not given then return 0 end
-${freed('ARGV[5]')}
+${freed('ARGV[4]')}
 if queued then return 1 end
 return 0
 `;

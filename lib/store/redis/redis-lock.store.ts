@@ -378,7 +378,7 @@ export class RedisLockStore implements LockStore {
     return [name, `${name}:queue`];
   }
 
-  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, heldLocally, waitId, holdsHere }: AcquireRequest): Promise<AcquireResult> {
+  async acquire({ key, owner, leaseMs, mode = 'exclusive', fair, queueTimeoutMs, handoverLeaseMs, waitId, holdsHere }: AcquireRequest): Promise<AcquireResult> {
     const name = this.lockName(key);
     const fence = `${name}:fence`;
     const sentAt = this.closes;
@@ -397,7 +397,7 @@ export class RedisLockStore implements LockStore {
         r = (await scripts.acquireFair.run(
           this.client,
           [name, fence, `${name}:queue`, `${name}:queue:timeouts`, `${name}:queue:leases`],
-          [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), heldLocally ? 1 : 0, name, this.publish, waitId ?? ''],
+          [owner, leaseMs, this.fenceTtlMs, queueTimeout, handoverLeaseMs ?? Math.min(leaseMs, queueTimeout), name, this.publish, waitId ?? ''],
         )) as number[];
       } else {
         r = (await scripts.acquire.run(this.client, [name, fence], [owner, leaseMs, this.grantFenceTtlMs])) as number[];
@@ -718,9 +718,9 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async abandon(key: string, owner: string, mode: LockMode, fair: boolean, heldLocally = false, waitId = ''): Promise<void> {
+  async abandon(key: string, owner: string, mode: LockMode, fair: boolean, waitId = ''): Promise<void> {
     const name = this.lockName(key);
-    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, heldLocally ? 1 : 0, this.fenceTtlMs, waitId]);
+    if (fair) await scripts.leaveQueue.run(this.client, this.freeingKeys(name), [owner, name, this.publish, this.fenceTtlMs, waitId]);
     if (mode === 'write') await scripts.leaveWriters.run(this.client, [`${name}:writers`, name], [owner, name, this.publish]);
   }
 

@@ -112,22 +112,33 @@ describe('RedisLockStore scripts', () => {
     }
   });
 
-  it('gives back a fair lock handed to a waiter that then left the queue, but not while this process holds it for that owner', async () => {
+  it('gives back the hold a fair release handed to a waiter that then left the queue, not the one another acquisition of its owner took meanwhile', async () => {
     const key = 'handed-leave';
     const name = `lock:{${key}}`;
     expect((await store.acquire({ key, owner: 'H', ...fair })).granted).toBe(true);
-    for (const owner of ['W', 'N']) expect((await store.acquire({ key, owner, ...fair })).granted).toBe(false);
-    expect(await store.release(key, 'H')).toBe(0);
-    // Handed to W's place, which no wait id names (registered without watching the key).
-    expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': ' W' });
-    // Another task of owner W took the handover here (an explicit owner shared by two waits): the
-    // wait that gives up must leave W's lock alone.
-    await store.abandon(key, 'W', 'exclusive', true, true);
-    expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': ' W' });
-    // Nothing here holds it for W: leaving gives it back, and it goes to the next waiter.
-    await store.abandon(key, 'W', 'exclusive', true, false);
+    const watch = store.watch(key, 'W');
+    try {
+      await watch.ready;
+      expect((await store.acquire({ key, owner: 'W', ...fair, waitId: watch.waitId })).granted).toBe(false);
+      expect((await store.acquire({ key, owner: 'N', ...fair })).granted).toBe(false);
+      expect(await store.release(key, 'H')).toBe(0);
+      expect(await raw.hgetall(name)).toEqual({ W: '1', ':handed': `${watch.waitId} W` });
+      // Another task of owner W (an explicit owner shared by two tasks) acquires meanwhile: a hold of its own.
+      expect(await store.acquire({ key, owner: 'W', ...fair })).toMatchObject({ granted: true, holdCount: 2 });
+      expect(await raw.hgetall(name)).toEqual({ W: '2', ':handed': `${watch.waitId} W` });
+    } finally {
+      watch.close();
+    }
+    // The wait gives up without having taken its grant: the hold the handover gave goes, the task's stays.
+    await store.abandon(key, 'W', 'exclusive', true, watch.waitId);
+    expect(await raw.hgetall(name)).toEqual({ W: '1' });
+    await store.abandon(key, 'W', 'exclusive', true, watch.waitId);
+    expect(await raw.hgetall(name)).toEqual({ W: '1' });
+    // The task's release hands it to N's place, which no wait id names (registered without watching the key).
+    expect(await store.release(key, 'W')).toBe(0);
     expect(await raw.hgetall(name)).toEqual({ N: '1', ':handed': ' N' });
-    await store.abandon(key, 'N', 'exclusive', true, false);
+    // Nothing took it for N: leaving gives it back, and nobody is left.
+    await store.abandon(key, 'N', 'exclusive', true);
     expect(await raw.exists(name, `${name}:queue`)).toBe(0);
   });
 
