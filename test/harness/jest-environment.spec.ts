@@ -97,6 +97,8 @@ describe('the suite fails a test on', () => {
       expect(message).toMatch(new RegExp(`redis-server on port \\d+ \\(pid ${server}\\) was still running after the file's last test and afterAll hooks: stop it there`));
       // Its leader had exited; the group's other process had not.
       expect(message).toContain(`command sh (process group ${group}) was still running after the file's last test and afterAll hooks: stop it there`);
+      // A group still exiting at the file's end (here, a sleep of 1 s) is waited for, up to 2 s.
+      expect(message).not.toContain('command sh -c sleep 1');
       // Killed when the file failed for them; gone once their parent, the Jest run, ended.
       for (const pid of [fixture, server, sleep]) await until(async () => !running(pid), 5_000, `process ${pid} gone`);
     } finally {

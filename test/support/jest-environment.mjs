@@ -62,14 +62,36 @@ export default class GuardedEnvironment extends TestEnvironment {
       if (line) failures.push(new Error(`fixture ${fixture} printed: ${line[0]}`));
     }
     if (event.name !== 'run_finish') return;
+    return this.checkChildren(failures);
+  }
+
+  /** Fails the file for each of its child processes, or process groups, still running, and kills them. */
+  async checkChildren(failures) {
     for (const [child, { what, group }] of this.children) {
       // A group is looked at once: its number may belong to another group later.
       if (group) this.children.delete(child);
-      if (group && !groupRunning(child.pid)) continue;
+      if (group && !(await groupRunningAfter(child.pid, GROUP_EXIT_MS))) continue;
       failures.push(new Error(`${what} (${group ? 'process group' : 'pid'} ${child.pid}) was still running after the file's last test and afterAll hooks: stop it there`));
       kill(child, group);
     }
   }
+}
+
+/**
+ * How long a process group may take to be gone after the file's end: a file that killed a group
+ * awaits its leader only, and the group's other processes may still be exiting (a Node app killed
+ * with its group frees its memory first). A process still there after that was left running.
+ */
+const GROUP_EXIT_MS = 2_000;
+
+/** Whether the process group `pgid` still has a process running after up to `ms` (looked at every 20 ms). */
+async function groupRunningAfter(pgid, ms) {
+  const deadline = Date.now() + ms;
+  while (groupRunning(pgid)) {
+    if (Date.now() >= deadline) return true;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return false;
 }
 
 /** Where the test file's global holds its child processes (test/support/children.ts registers them). */
