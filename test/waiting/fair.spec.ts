@@ -93,6 +93,28 @@ describe('fair mode', () => {
     expect(await raw.exists(`lock:{${key}}`)).toBe(0);
   });
 
+  it('frees a lock handed over by message when the process holding it shuts down: the handover\'s mark goes with its holds', async () => {
+    const key = 'fair:handed-shutdown';
+    const waiters = await startLockApp({ redis: redis.url });
+    let open = true;
+    try {
+      const holder = await app.locks.acquire(key, { fair: true });
+      const waiting = waiters.locks.acquire(key, { fair: true, waitMs: 10_000 });
+      waiting.catch(() => undefined);
+      // Queued under its wait id, so the release's message reaches it.
+      await until(async () => /^\d+ \S+$/.test(Object.values(await raw.hgetall(`lock:{${key}}:queue:leases`))[0] ?? ''), 5_000, 'the waiter queued with its wait id');
+      await holder.release();
+      const lock = await waiting;
+      // Taken from the message: the mark, naming its wait, stays while it holds the lock.
+      expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [lock.owner]: '1', ':handed': expect.stringMatching(new RegExp(`^\\S+ ${lock.owner}$`)) });
+      await waiters.close();
+      open = false;
+      expect(await raw.exists(`lock:{${key}}`)).toBe(0);
+    } finally {
+      if (open) await waiters.close();
+    }
+  });
+
   it('grants in request order across 2 processes', async () => {
     const key = 'fair:order';
     const children = [0, 1].map(() => new Fixture('fair-waiter', [redis.url, key, String(QUEUE_TIMEOUT)]));

@@ -197,6 +197,9 @@ describe('RedisLockStore scripts', () => {
     expect(await store.trimHolds('trim', 'A', 'exclusive', 2, 1)).toBe(false); // Redis counts 3
     expect(await store.trimHolds('trim', 'A', 'exclusive', 3, 0)).toBe(false); // never frees
     expect(await raw.hgetall('lock:{trim}')).toEqual({ A: '3' });
+    // Nor does the script, asked directly to take every hold: -2, nothing changed.
+    expect(await raw.eval(ADJUST_HOLDS, 1, 'lock:{trim}', 'A', -3, 3)).toBe(-2);
+    expect(await raw.hgetall('lock:{trim}')).toEqual({ A: '3' });
     // A re-entry in flight that Redis answers NOSCRIPT runs again behind anything sent meanwhile:
     // a trim sent then would run before it, from the count it names, and leave a hold too few.
     await raw.script('FLUSH');
