@@ -123,12 +123,13 @@ describe('a Redis ACL user without the lock channels', () => {
   it('lets a fair waiter that missed its "granted" message take the grant as its own on its retry when another task of its process re-entered under the same owner token: releasing both frees the key', async () => {
     const key = 'acl:shared-owner';
     const owner = 'shared token';
-    await handedWhileAnotherTaskHolds(key, owner, 2_000, async (waiting, other) => {
+    // A 4 s lease: the waiter retries 2 s after its attempt, long after the other task re-entered.
+    await handedWhileAnotherTaskHolds(key, owner, 4_000, async (waiting, other) => {
       const lock = await waiting;
       // The waiter took the handed hold as its own: two holds, two tasks.
       expect(lock.holdCount).toBe(2);
       expect(await raw.hgetall(`lock:{${key}}`)).toEqual({ [owner]: '2' });
-      // Its 2 s lease did not cut the other task's (30 s, the default).
+      // Its 4 s lease did not cut the other task's (30 s, the default).
       expect(await raw.pttl(`lock:{${key}}`)).toBeGreaterThan(20_000);
       await other.release();
       await lock.release();
