@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import type { LockEvent, LockHandle } from '../../lib/index.js';
-import { lockEachWay, nextEvent, startLockApp, wokenBy, type LockApp } from '../support/lock-testing.js';
+import { lockEachWay, nextEvent, startLockApp, waitRegistered, wokenBy, type LockApp } from '../support/lock-testing.js';
 import { RedisServer, subscribers, until } from '../support/redis-server.js';
 
 /**
@@ -108,7 +108,7 @@ describe('a Redis ACL user without the lock channels', () => {
         const waiting = waiters.locks.acquire(key, { fair: true, owner, leaseMs, waitMs: 30_000, signal: abort.signal });
         waiting.catch(() => undefined);
         // Its place names its wait once it attempted after subscribing: the handover's mark names that wait.
-        await until(async () => /^\d+ \S+$/.test((await raw.hget(`lock:{${key}}:queue:leases`, owner)) ?? ''), 10_000, 'the waiter queued with its wait id');
+        await waitRegistered(raw, key, owner);
         await holder.release();
         expect(await raw.hget(`lock:{${key}}`, ':handed')).toMatch(new RegExp(`^\\S+ ${owner}$`));
         const other = await waiters.locks.acquire(key, { fair: true, owner, waitMs: 0 });

@@ -99,10 +99,11 @@ describe('fair mode', () => {
     let open = true;
     try {
       const holder = await app.locks.acquire(key, { fair: true });
+      const contended = nextEvent(waiters.locks.events$, 'contended', (e) => e.key === key);
       const waiting = waiters.locks.acquire(key, { fair: true, waitMs: 10_000 });
       waiting.catch(() => undefined);
       // Queued under its wait id, so the release's message reaches it.
-      await until(async () => /^\d+ \S+$/.test(Object.values(await raw.hgetall(`lock:{${key}}:queue:leases`))[0] ?? ''), 5_000, 'the waiter queued with its wait id');
+      await waitRegistered(raw, key, (await contended).owner);
       await holder.release();
       const lock = await waiting;
       // Taken from the message: the mark, naming its wait, stays while it holds the lock.
