@@ -110,13 +110,23 @@ function grantFresh(timeExpr: string): string {
 /** Lua expression: the latest fencing token of `fence` (0 when none, or when the counter's lifetime ARGV[3] is `0`: no tokens, nothing read). */
 const currentToken = `(ARGV[3] ~= '0' and tonumber(redis.call('get', fence) or '0') or 0)`;
 
-/** Lua fragment: if `owner` holds the lock, take one more hold (never shortening the lease) and return. */
-const reenter = `if redis.call('hexists', lock, owner) == 1 then
-  local holds = redis.call('hincrby', lock, owner, '1')
-  local ttl = redis.call('pttl', lock)
-  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
+/**
+ * Lua fragment: lengthen the lock's lease to ARGV[2] ms (local `lease`, its number), never
+ * shortening it: the lock's other holds count on the lease as it is. A lock without expiry (not
+ * ours) is left without. PEXPIRE gets the ARGV string, not the Lua number (see RENEW). Expects locals lock, lease.
+ */
+const lengthenLease = `local ttl = redis.call('pttl', lock)
+if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end`;
+
+/** Lua fragment: if hash field `field` (a Lua expression) holds the lock, take one more hold (never shortening the lease) and return. */
+const reenterAs = (field: string) => `if redis.call('hexists', lock, ${field}) == 1 then
+  local holds = redis.call('hincrby', lock, ${field}, '1')
+  ${lengthenLease}
   return {1, holds, ${currentToken}}
 end`;
+
+/** Lua fragment: if `owner` holds the lock, take one more hold (never shortening the lease) and return. */
+const reenter = reenterAs('owner');
 
 
 /**
@@ -225,7 +235,7 @@ local owner, lease, queueTimeout = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 ${handOver}
 if ${handedTo('ARGV[8]')} then
   redis.call('hdel', lock, ':handed')
-  if redis.call('pttl', lock) < lease then redis.call('pexpire', lock, ARGV[2]) end
+  ${lengthenLease}
   return {1, tonumber(redis.call('hget', lock, owner)), ${currentToken}}
 end
 ${reenter}
@@ -497,12 +507,7 @@ export const ACQUIRE_READ = `
 local lock, fence, writers = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local field = owner .. ':read'
-if redis.call('hexists', lock, field) == 1 then
-  local holds = redis.call('hincrby', lock, field, '1')
-  local ttl = redis.call('pttl', lock)
-  if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
-  return {1, holds, ${currentToken}}
-end
+${reenterAs('field')}
 local exists = redis.call('exists', lock) == 1
 local mode = redis.call('hget', lock, ':mode')
 -- A writer (or exclusive holder) may read its own lock: downgrade.
@@ -635,8 +640,7 @@ for i = 1, n do
     out[#out + 1] = tonumber(token)
   else
     local holds = redis.call('hincrby', lock, owner, '1')
-    local ttl = redis.call('pttl', lock)
-    if ttl >= 0 and ttl < lease then redis.call('pexpire', lock, ARGV[2]) end
+    ${lengthenLease}
     out[#out + 1] = holds
     out[#out + 1] = ${currentToken}
   end
