@@ -8,21 +8,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
+import { processRunning } from '../support/children.js';
 import { repoRoot } from '../support/paths.js';
 import { until } from '../support/redis-server.js';
-
-/**
- * Whether process `pid` runs: it exists and is not a zombie (an orphan killed on these machines stays
- * one: their init does not reap orphans).
- */
-function running(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
-  } catch {
-    return false;
-  }
-}
 
 interface JestReport {
   testResults: { message: string; assertionResults: { title: string; status: string; failureMessages: string[] }[] }[];
@@ -100,9 +88,9 @@ describe('the suite fails a test on', () => {
       // A group still exiting at the file's end (here, a sleep of 1 s) is waited for, up to 2 s.
       expect(message).not.toContain('command sh -c sleep 1');
       // Killed when the file failed for them; gone once their parent, the Jest run, ended.
-      for (const pid of [fixture, server, sleep]) await until(async () => !running(pid), 5_000, `process ${pid} gone`);
+      for (const pid of [fixture, server, sleep]) await until(async () => !processRunning(pid), 5_000, `process ${pid} gone`);
     } finally {
-      for (const pid of [fixture, server, sleep]) if (running(pid)) process.kill(pid, 'SIGKILL');
+      for (const pid of [fixture, server, sleep]) if (processRunning(pid)) process.kill(pid, 'SIGKILL');
     }
   });
 

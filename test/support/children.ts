@@ -1,4 +1,5 @@
 import { fork, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot as root } from './paths.js';
 
@@ -14,6 +15,21 @@ export interface FixtureMessage {
  * them to the test during which the fixture exited (or, after the last test, to the file).
  */
 const FIXTURE_STDERR = '__nestjsLockedFixtureStderr'; // jest-environment.mjs reads it by this name
+
+/**
+ * Whether process `pid` runs: it exists and is not a zombie (an orphan killed on these machines stays
+ * one: their init does not reap orphans). Reads /proc (Linux), after the last ')' of its stat line:
+ * the command name before it may hold spaces and parentheses. The test environment
+ * (jest-environment.mjs, plain JavaScript) reads the same line for a whole process group.
+ */
+export function processRunning(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
 
 /**
  * Where a test file's child processes (fixtures, redis-servers, sentinels, the sample's commands) are
