@@ -81,9 +81,9 @@ describe('scripts/mutate.mjs', () => {
     expect(existsSync(r.lock)).toBe(false);
   });
 
-  it('refuses a second round while one runs, and puts the file back and stops the command when the first is stopped with SIGTERM mid-mutant', async () => {
-    const r = round('stopped', [['a = 1', 'a = 9', 'changes a']]);
-    const marker = join(dir, 'stopped.pid');
+  it.each(['SIGINT', 'SIGTERM'] as const)('refuses a second round while one runs, and puts the file back and stops the command when the first is stopped with %s mid-mutant', async (signal) => {
+    const r = round(`stopped-${signal}`, [['a = 1', 'a = 9', 'changes a']]);
+    const marker = join(dir, `stopped-${signal}.pid`);
     // Passes on the file as it is; on the mutant, writes its pid and waits to be stopped.
     const script =
       "const fs = require('fs'); if (fs.readFileSync(process.argv[1], 'utf8').includes('a = 1')) process.exit(0); fs.writeFileSync(process.argv[2], String(process.pid)); setInterval(() => {}, 1000);";
@@ -92,7 +92,7 @@ describe('scripts/mutate.mjs', () => {
       stdio: 'ignore',
     });
     track(first, 'the first mutation round');
-    const exited = new Promise<NodeJS.Signals | null>((resolve) => first.on('exit', (_, signal) => resolve(signal)));
+    const exited = new Promise<number | null>((resolve) => first.on('exit', (code) => resolve(code)));
     await until(async () => existsSync(marker), 20_000, 'the command running on the mutant');
     expect(readFileSync(r.subject, 'utf8')).toBe('a = 9\nb = 2\n');
 
@@ -101,11 +101,10 @@ describe('scripts/mutate.mjs', () => {
     expect(second.stderr).toContain(`another round (pid ${first.pid}) is changing ${r.subject}`);
 
     const commandPid = Number(readFileSync(marker, 'utf8'));
-    first.kill('SIGTERM');
-    await exited;
+    first.kill(signal);
+    expect(await exited).toBe(signal === 'SIGINT' ? 130 : 143);
     expect(readFileSync(r.subject, 'utf8')).toBe(SUBJECT);
     expect(existsSync(r.lock)).toBe(false);
     await until(async () => !processRunning(commandPid), 5_000, 'the command stopped');
   });
 });
-
