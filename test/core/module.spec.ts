@@ -10,13 +10,14 @@ import {
   LockConfigurationError,
   LockLostError,
   LockModule,
+  LockNotAcquiredError,
   LockService,
   type LockHandle,
   type LockModuleOptions,
   type LockOptionsFactory,
 } from '../../lib/index.js';
 import { withTimeout } from '../../lib/internal/time.js';
-import { bootstrapFailure, CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, waitRegistered, within } from '../support/lock-testing.js';
+import { bootstrapFailure, CapturingLogger, gate, listenerCounts, nextEvents, startLockApp, timersLeftBy, waitRegistered, within } from '../support/lock-testing.js';
 import { freePort, olderRedis, olderRedisProxy, RedisServer, scriptCalls, serverIdentity, silentPort, until } from '../support/redis-server.js';
 import { Fixture } from '../support/children.js';
 
@@ -240,6 +241,30 @@ describe('LockModule', () => {
     }
   });
 
+  it.each([
+    ['a URL', 'at bootstrap, not when Nest constructs the service', (port: number) => `redis://127.0.0.1:${port}`, 0],
+    ['ioredis options', 'at bootstrap, not when Nest constructs the service', (port: number) => ({ host: '127.0.0.1', port }), 0],
+    ['Cluster startup nodes', 'at bootstrap, not when Nest constructs the service', (port: number) => ({ cluster: [{ host: '127.0.0.1', port }] }), 0],
+    // The application's own choice wins: the README says lazyConnect: false connects them at once.
+    ['ioredis options with lazyConnect: false', 'when Nest constructs the service', (port: number) => ({ host: '127.0.0.1', port, lazyConnect: false }), 1],
+    ['Cluster startup nodes with lazyConnect: false', 'when Nest constructs the service', (port: number) => ({ cluster: [{ host: '127.0.0.1', port }], options: { lazyConnect: false } }), 1],
+  ] as const)('connects its own connection given %s %s', async (_form, _when, given, atConstruction) => {
+    const silent = await silentPort();
+    const moduleRef = await Test.createTestingModule({ imports: [LockModule.forRoot({ redis: given(silent.port) as LockModuleOptions['redis'] })] })
+      .setLogger(new CapturingLogger())
+      .compile(); // providers constructed; no lifecycle hook has run
+    const probe = connect(silent.port, '127.0.0.1');
+    try {
+      // A connection the service had started would reach the server before this one.
+      await until(async () => silent.connections > atConstruction, 5_000, 'the probe connected');
+      expect(silent.connections).toBe(atConstruction + 1);
+    } finally {
+      probe.destroy();
+      await moduleRef.close();
+      await silent.close();
+    }
+  });
+
   it('builds options with forRootAsync({ useFactory, inject, imports })', async () => {
     @Injectable()
     class Config {
@@ -441,6 +466,35 @@ describe('LockModule', () => {
       expect(await Promise.race([child.exited, stillRunning]).finally(() => clearTimeout(bound))).toEqual({ code: 0, signal: null });
     } finally {
       await child.stop();
+    }
+  });
+
+  it.each([
+    ['a URL', (port: number) => `redis://127.0.0.1:${port}`],
+    // A retry a minute away: the connections are surely between attempts, their sockets closed.
+    ['ioredis options', (port: number) => ({ host: '127.0.0.1', port, retryStrategy: () => 60_000 })],
+    // The application's client stays open; the subscriber is a copy of it, with its options.
+    ['a client passed in', (port: number) => new Redis(port, '127.0.0.1', { retryStrategy: () => 60_000 })],
+  ])('leaves no timer that keeps the process alive when close() follows an outage, on its own connections, given %s', async (_form, given) => {
+    // ioredis 5 arms a timer of the connection's disconnectTimeout (2 s by default) at disconnect(),
+    // cleared only by the socket's close, which a socket Redis already dropped never reports again:
+    // a process that closes after an outage would stay up that long.
+    const server = await RedisServer.start();
+    const redisOption = given(server.port);
+    const app = await startLockApp({ redis: redisOption });
+    try {
+      const held = await app.locks.acquire('outage:close');
+      // Another owner's wait: the store subscribes to the release channel, on a connection of its own.
+      await expect(app.locks.acquire('outage:close', { owner: 'another', waitMs: 50 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      await held.release();
+      await server.stop();
+      await until(async () => (await app.locks.health(100)).status === 'down', 5_000, 'health down');
+      const left = await timersLeftBy(() => app.close());
+      expect(left.filter((ms) => ms >= 1_000)).toEqual([]);
+    } finally {
+      await app.close();
+      if (redisOption instanceof Redis) redisOption.disconnect();
+      await server.stop();
     }
   });
 

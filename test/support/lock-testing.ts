@@ -4,7 +4,7 @@ import { NestFactory } from '@nestjs/core';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { filter, firstValueFrom, take, timeout, toArray, type Observable } from 'rxjs';
 import { LockModule, LockService, type LockEvent, type LockModuleOptions } from '../../lib/index.js';
-import { AsyncResource } from 'node:async_hooks';
+import { AsyncResource, createHook } from 'node:async_hooks';
 import { getEventListeners, type EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { clearTimeout as realClearTimeout, setTimeout as realSetTimeout } from 'node:timers';
@@ -178,6 +178,28 @@ export function signalHooks(signal: AbortSignal): { dependants: number; listener
   const symbol = Object.getOwnPropertySymbols(signal).find((s) => s.description === 'kDependantSignals');
   const dependants = symbol === undefined ? undefined : (signal as unknown as Record<symbol, Set<unknown> | undefined>)[symbol];
   return { dependants: dependants?.size ?? 0, listeners: getEventListeners(signal, 'abort').length };
+}
+
+/**
+ * The delays (ms) of the timers `fn` armed that are still pending when it returns (neither fired
+ * nor cleared) and keep the process alive (not unref'd): what would hold a process up after it.
+ */
+export async function timersLeftBy(fn: () => Promise<unknown>): Promise<number[]> {
+  const pending = new Map<number, { _idleTimeout: number; hasRef(): boolean }>();
+  const hook = createHook({
+    init(id, type, _trigger, resource) {
+      if (type === 'Timeout') pending.set(id, resource as { _idleTimeout: number; hasRef(): boolean });
+    },
+    destroy(id) {
+      pending.delete(id);
+    },
+  }).enable();
+  try {
+    await fn();
+  } finally {
+    hook.disable();
+  }
+  return [...pending.values()].filter((timer) => timer.hasRef()).map((timer) => timer._idleTimeout);
 }
 
 /** Runs `fn` outside the caller's lock context (a fresh async scope): its locks get their own owner. */
