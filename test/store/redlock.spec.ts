@@ -67,6 +67,22 @@ describe('Redlock over 3 independent servers', () => {
     }
   });
 
+  it('closes the connections it opened to each node at shutdown, the release subscribers too', async () => {
+    const named = await startLockApp({ redlock: { clients: nodes.map((n) => ({ host: '127.0.0.1', port: n.port, connectionName: 'rl-own' })) } });
+    const connections = () => Promise.all(nodes.map(async (n) => String(await n.client().client('LIST')).split('\n').filter((line) => / name=rl-own /.test(line)).length));
+    try {
+      const held = await named.locks.acquire('rl:own');
+      // Another owner's wait: the nodes' stores subscribe to the release channel.
+      await expect(named.locks.acquire('rl:own', { owner: 'another', waitMs: 50 })).rejects.toBeInstanceOf(LockNotAcquiredError);
+      await held.release();
+      // Bootstrap waits for a majority: the third node's connection may come a moment later.
+      await until(async () => (await connections()).every((n) => n > 0), 5_000, 'a connection to every node');
+    } finally {
+      await named.close();
+    }
+    await until(async () => (await connections()).every((n) => n === 0), 5_000, 'every connection of the module closed');
+  });
+
   it('takes a lock on every node and releases it on every node', async () => {
     // Each step returns once two nodes answered: the third may run it a moment later.
     const lock = await app.locks.acquire('rl:all');
