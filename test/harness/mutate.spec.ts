@@ -101,10 +101,15 @@ describe('scripts/mutate.mjs', () => {
     expect(second.stderr).toContain(`another round (pid ${first.pid}) is changing ${r.subject}`);
 
     const commandPid = Number(readFileSync(marker, 'utf8'));
-    first.kill(signal);
-    expect(await exited).toBe(signal === 'SIGINT' ? 130 : 143);
-    expect(readFileSync(r.subject, 'utf8')).toBe(SUBJECT);
-    expect(existsSync(r.lock)).toBe(false);
-    await until(async () => !processRunning(commandPid), 5_000, 'the command stopped');
+    try {
+      first.kill(signal);
+      expect(await exited).toBe(signal === 'SIGINT' ? 130 : 143);
+      expect(readFileSync(r.subject, 'utf8')).toBe(SUBJECT);
+      expect(existsSync(r.lock)).toBe(false);
+      await until(async () => !processRunning(commandPid), 5_000, 'the command stopped');
+    } finally {
+      // A runner that failed to stop it would leave it waiting for ever.
+      if (processRunning(commandPid)) process.kill(commandPid, 'SIGKILL');
+    }
   });
 });
