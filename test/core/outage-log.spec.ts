@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Redis } from 'ioredis';
 import { OUTAGE_LOG_INTERVAL_MS, OutageLog } from '../../lib/internal/outage-log.js';
 import { RedisServer } from '../support/redis-server.js';
-import { gate, nextEvents, startLockApp, usePrivateLockApp, type LockApp } from '../support/lock-testing.js';
+import { gate, nextEvents, startLockApp, type LockApp } from '../support/lock-testing.js';
 
 describe('OutageLog: a flood of one failure is logged at most once per interval', () => {
   function subject() {
@@ -101,10 +101,24 @@ describe('releases that fail in an outage', () => {
   });
 });
 
-describe('errors of a connection the module opened', () => {
+describe.each([
+  ['made from a URL', (redis: RedisServer) => redis.url],
+  // A client passed in with ioredis's commandTimeout: lock steps run on a copy without it.
+  ['copied from a client passed in', (redis: RedisServer) => new Redis(redis.port, '127.0.0.1', { commandTimeout: 5_000 }).on('error', () => undefined)],
+])('errors of a connection the module opened, %s', (_how, given) => {
   let redis: RedisServer;
   let app: LockApp;
-  usePrivateLockApp({}, (started) => ({ redis, app } = started));
+  let passed: string | Redis;
+  beforeAll(async () => {
+    redis = await RedisServer.start();
+    passed = given(redis);
+    app = await startLockApp({ redis: passed });
+  });
+  afterAll(async () => {
+    await app?.close();
+    if (passed instanceof Redis) passed.disconnect();
+    await redis?.stop();
+  });
 
   it('are logged once per message while they repeat, and once more after the connection was ready again', async () => {
     const client = (app.locks as unknown as { store: { client: Redis } }).store.client;
