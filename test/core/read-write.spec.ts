@@ -80,7 +80,12 @@ describe('read-write locks', () => {
   it('refuses a reader\'s request for the write side at once, instead of deadlocking', async () => {
     await app.locks.run('rw:5', async () => {
       const started = performance.now();
-      await expect(app.locks.writeLock('rw:5', { waitMs: 10_000 })).rejects.toBeInstanceOf(LockUpgradeError);
+      const refused = await app.locks.writeLock('rw:5', { waitMs: 10_000 }).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(LockUpgradeError);
+      expect(String(refused)).toBe(
+        'LockUpgradeError: Lock "rw:5": this owner holds the read lock and asked for the write lock. Upgrading is not supported ' +
+          '(two readers upgrading at once would deadlock): release the read lock first, or take the write lock from the start (a writer may also read).',
+      );
       // At once, not after the 10 s wait.
       expect(performance.now() - started).toBeLessThan(2_000);
     }, { mode: 'read' });

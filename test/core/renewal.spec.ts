@@ -389,3 +389,33 @@ describe('a partition between the holder and Redis', () => {
     await next.release();
   });
 });
+
+// Last in the file: a testing module started in a test takes Nest's logger over from the suites' own.
+describe('why a lock was lost', () => {
+  it('says why a lock was lost, by name and message: its lease ended, Redis no longer lists it, the module shut down', async () => {
+    const redis = await RedisServer.start();
+    const own = await startLockApp({ redis: redis.url });
+    const lost: string[] = [];
+    try {
+      const expired = await own.locks.acquire('why:expired', { leaseMs: 200 });
+      const taken = await own.locks.acquire('why:taken');
+      expect(await own.locks.forceUnlock('why:taken')).toBe(true);
+      const shutdown = await own.locks.acquire('why:shutdown');
+      lost.push(String(await aborted(expired.signal)), String(await aborted(taken.signal)));
+      await own.close();
+      lost.push(String(await aborted(shutdown.signal)));
+    } finally {
+      await own.close();
+      await redis.stop();
+    }
+    expect(lost).toEqual([
+      expect.stringMatching(
+        /^LockLostError: Lock "why:expired" was lost after \d+ ms: its lease ended before it could be renewed \(fixed lease reached, Redis unreachable, or the event loop was blocked\); another owner may now hold it\.$/,
+      ),
+      expect.stringMatching(
+        /^LockLostError: Lock "why:taken" was lost after \d+ ms: Redis no longer lists this owner \(the key was deleted, force-unlocked, or expired and was taken by another owner\)\.$/,
+      ),
+      expect.stringMatching(/^LockLostError: Lock "why:shutdown" was lost after \d+ ms: the lock module is shutting down and released it\.$/),
+    ]);
+  });
+});

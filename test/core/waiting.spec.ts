@@ -102,6 +102,9 @@ describe('waiting for a held lock', () => {
     const holder = await other.locks.acquire('once:1');
     const failure = (await app.locks.acquire('once:1', { waitMs: 0 }).catch((e: unknown) => e)) as LockNotAcquiredError;
     expect(failure.reason).toBe('contended');
+    expect(String(failure)).toMatch(
+      /^LockNotAcquiredError: Lock "once:1" is held by another owner and the caller chose not to wait\. The holder's lease ends in \d+ ms unless renewed\. Retry later, or raise waitMs if waiting longer is acceptable\.$/,
+    );
     expect(await app.locks.tryAcquire('once:1')).toBeNull();
     await holder.release();
     const mine = await app.locks.tryAcquire('once:1');

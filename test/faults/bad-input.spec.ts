@@ -367,6 +367,7 @@ describe('bad input on every public entry point', () => {
     else {
       expect(outcome).toBeInstanceOf(c.outcome);
       expect(outcome).toBeInstanceOf(LockError);
+      expect((outcome as Error).name).toBe(c.outcome.name); // the stable name each class promises
       expect((outcome as Error).message).toMatch(c.says!);
       if (c.hides) expect(`${(outcome as Error).message} ${String((outcome as Error).cause ?? '')}`).not.toContain(c.hides);
     }
